@@ -1,0 +1,109 @@
+"""The result row, its status vocabulary and the one exit-code table.
+
+A :class:`CheckResult` is one row of the long results table the report is built from (one per
+check per node, or several when a check judges several metrics). Columns, in order:
+
+``run_id, time, node, pool, profile, check, metric, value, unit, warn, fail, status, code,
+detail, duration_s``
+
+- ``value``/``warn``/``fail`` are floats or ``None`` (a check without a numeric figure).
+- ``status`` is a :class:`Status`; ``code`` is a stable fault code (``ok`` when it passes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+from typing import Any
+
+
+class Status(StrEnum):
+    """Outcome of one row, ordered from best to worst by :data:`SEVERITY`."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    ERROR = "error"
+    SKIP = "skip"
+
+
+# Worst-of ordering used to roll rows up into a node status. skip ranks below pass so that a
+# node whose only non-pass rows are skips still counts as passing.
+SEVERITY: dict[Status, int] = {
+    Status.SKIP: 0,
+    Status.PASS: 1,
+    Status.WARN: 2,
+    Status.FAIL: 3,
+    Status.ERROR: 4,
+}
+
+
+def worst(statuses: list[Status]) -> Status:
+    """The most severe status in ``statuses`` (``skip`` for an empty list)."""
+    return max(statuses, key=SEVERITY.__getitem__, default=Status.SKIP)
+
+
+class ExitCode(IntEnum):
+    """Process exit codes of ``python -m validate``: the one table."""
+
+    OK = 0  # every check passed (warnings allowed)
+    CHECK_FAILED = 1  # at least one check failed
+    USAGE_OR_TOOL_ERROR = 2  # bad arguments, or a tool/parse error on some node
+    UNREACHABLE = 3  # at least one host could not be reached
+
+
+# Codes shared by the framework, the transport and the report.
+CODE_OK = "ok"
+CODE_UNREACHABLE = "host.unreachable"
+CODE_AUTH = "host.auth_failed"
+CODE_HOSTKEY = "host.hostkey_rejected"
+CODE_TIMEOUT = "tool.timeout"
+CODE_EXIT = "tool.exit_nonzero"
+CODE_PARSE = "tool.parse_error"
+CODE_NOT_FOUND = "tool.not_found"
+CODE_INTERNAL = "check.internal_error"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One row of the long results table (see module docstring for the columns)."""
+
+    run_id: str
+    time: str  # ISO 8601 UTC, when the check finished
+    node: str
+    pool: str
+    profile: str
+    check: str
+    metric: str
+    value: float | None
+    unit: str
+    warn: float | None
+    fail: float | None
+    status: Status
+    code: str
+    detail: str
+    duration_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as plain data (``status`` as its string value)."""
+        row = dataclasses.asdict(self)
+        row["status"] = self.status.value
+        return row
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CheckResult))
+
+
+def exit_code_for(statuses: list[Status], codes: list[str]) -> ExitCode:
+    """Exit code for a run: unreachable beats tool error beats a failed check.
+
+    ``statuses`` and ``codes`` are the rows' columns, aligned.
+    """
+    if any(c in (CODE_UNREACHABLE, CODE_AUTH, CODE_HOSTKEY) for c in codes):
+        return ExitCode.UNREACHABLE
+    if Status.ERROR in statuses:
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    if Status.FAIL in statuses:
+        return ExitCode.CHECK_FAILED
+    return ExitCode.OK
