@@ -1,0 +1,659 @@
+#!/usr/bin/env python3
+"""gpuready lab simulator: nccl-tests performance binaries (all_reduce_perf and friends).
+
+Serves all_reduce_perf, all_gather_perf, reduce_scatter_perf and alltoall_perf, picked by
+env GPUREADY_SIM_TOOL; the nccl-tests version is env GPUREADY_SIM_VERSION (the installed
+package's upstream version). The simulated node is read on every call from
+$GPUREADY_LAB_HW (default /opt/gpuready-lab/hw)/{hardware,faults}.json; per-boot kernel state
+from $GPUREADY_LAB_RUN (default /run/gpuready-lab).
+
+What it prints is the shape of the real tool, checked against the captures in
+shared/fixtures/nccl-tests:
+- header `# nThread .. nGpus .. minBytes .. step: 2(factor) .. validation: 1 graph: 0`,
+  `# Using devices`, one `#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] name` per GPU
+  (hostname, pid, PCI bus and name from hardware.json), the three table header lines, rows
+  `%12li  %12li  %8s  %6s  %6s` + per placement `  %7s  %6.2f  %6.2f  %5g`, then
+  `# Out of bounds values : N OK|FAILED` and `# Avg bus bandwidth    : %g `.
+- Numbers: time = latency + size/peak + a mid-size inefficiency term, so busbw rises with
+  size and saturates towards hardware.json nccl.allreduce_busbw_peak_gbps (bus bandwidth
+  factors as nccl-tests PERFORMANCE.md: all-reduce 2(n-1)/n, the others (n-1)/n), with a small
+  deterministic jitter (seeded by host, tool, size and placement, so reruns agree).
+- CUDA failures use the real CUDACHECK/TESTCHECK shape (`<host>: Test CUDA failure
+  common.cu:941 '<cuda error string>'` then ` .. <host> pid <pid>: Test failure common.cu:891`,
+  exit 2), as captured in all_reduce_perf-8x-h100-cuda-system-not-yet-initialized-failure.txt.
+
+Versions: 2.13.x (the lab repository's package) prints the classic format above and has no
+`-J` (getopt rejects it, as the real binary does). From 2.17.0 the tool prints the
+`# nccl-tests version` / `# Collective test starting:` preamble, `[%04x:%02x:%02x]` bus ids,
+`getFloatStr` number widths, and accepts `-J/--output_file FILE`, writing the JSON document
+of NVIDIA/nccl-tests src/util.cu (JSON_FILE_VERSION 1: jsonOutputInit, writeDeviceReport,
+writeBenchmarkLinePreamble/Body/Terminator, writeResultFooter, writeErrors):
+  {"version":1, "start_time":"%Y-%m-%d %H:%M:%S", "args":[argv...], "env":["K=V"...],
+   "nccl_version":<int>, "config":{"nthreads","ngpus","minimum_bytes","maximum_bytes",
+   "step_factor"|"step_bytes","warmup_iters","iterations","aggregated_iterations",
+   "validation","graph","blocking_collectives":"true"|"false","parallel_init":"true"|"false",
+   "devices":[{"rank","group","pid","hostname","device","device_hex","device_info"}]},
+   "results":[{"size","count","type","redop","root":"%6i string",
+               "out_of_place":{"time","alg_bw","bus_bw","nwrong"|null},"in_place":{...},
+               "actual_iterations","experiment_name"}],
+   "out_of_bounds":{"count","okay":"true"|"false"},
+   "average_bus_bandwidth":{"bandwidth","okay":"unchecked"|"true"|"false"},
+   "errors":[...], "end_time":"..."}
+(booleans are the strings "true"/"false" and doubles are printed with %lf, as the real
+writer does). experiment_name is the collective's name (AllReduce, ...): an assumption, the
+call site was not read.
+
+Faults (faults.json): nccl-low-busbw (peak ~40% lower), nccl-wrong-results (#wrong > 0 on
+the largest sizes, `FAILED`, exit 1), tool-hang (prints nothing and never returns until killed),
+driver-not-loaded (CUDA 'no CUDA-capable device is detected'), gpu-missing (the
+highest-index GPU is gone, so asking for all GPUs fails with 'invalid device ordinal'). An
+NVSwitch system (hardware.json nvswitch true) whose nv-fabricmanager is not running fails with
+'system not yet initialized', as real HGX systems do; the lab's daemon writes
+$GPUREADY_LAB_RUN/nv-fabricmanager.pid while it runs.
+"""
+
+from __future__ import annotations
+
+import getopt
+import json
+import math
+import os
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SIMULATOR = "gpuready lab simulator"
+DEFAULT_VERSION = "2.13.10"
+JSON_MIN_VERSION = (2, 17, 0)
+NCCL_VERSION = (2, 21, 5)  # libnccl2 served by the lab repository
+
+# Per tool: collective name, default reduction op label, bus-bandwidth factor (n ranks).
+COLLECTIVES: dict[str, tuple[str, bool]] = {
+    "all_reduce_perf": ("AllReduce", True),
+    "all_gather_perf": ("AllGather", False),
+    "reduce_scatter_perf": ("ReduceScatter", True),
+    "alltoall_perf": ("AlltoAll", False),
+}
+TYPE_SIZES = {
+    "int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+    "half": 2, "float": 4, "double": 8, "bfloat16": 2,
+}
+OPS = ("sum", "prod", "max", "min", "avg")
+
+# Timing model constants: per-call latency and the size below which the mid-size
+# inefficiency (protocol switches, pipelining) is felt; tuned so curves look like the
+# H100/A100 captures (busbw ~30% of peak at 32 MiB, ~95% at 8 GiB).
+LATENCY_US_NVLINK = 22.0
+LATENCY_US_PCIE = 35.0
+INEFFICIENCY_BYTES = 16 * 1024 * 1024
+WRONG_RESULTS_MIN_BYTES = 128 * 1024 * 1024
+
+# The classic (<= 2.16) table header, byte for byte as in the captures
+# all_reduce_perf-2node-16x-h100-80gb-hbm3-k8s-mpijob-full.txt and alltoall_perf-rtx5090-*.
+CLASSIC_TABLE_HEADER = (
+    "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place          \n"
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+    "     time   algbw   busbw #wrong\n"
+    "#        (B)    (elements)" + " " * 31 + "(us)  (GB/s)  (GB/s)" + " " * 12
+    + "(us)  (GB/s)  (GB/s)       \n"
+)
+
+
+class UsageExit(Exception):
+    """Raised to stop with a given exit status after output was printed."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _parse_version(text: str) -> tuple[int, int, int]:
+    parts = [*text.partition("-")[0].split("."), "0", "0", "0"][:3]
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def _hw_dir() -> Path:
+    return Path(os.environ.get("GPUREADY_LAB_HW", "/opt/gpuready-lab/hw"))
+
+
+def _run_dir() -> Path:
+    return Path(os.environ.get("GPUREADY_LAB_RUN", "/run/gpuready-lab"))
+
+
+def _load_hw() -> tuple[dict[str, Any], set[str]]:
+    hw: dict[str, Any] = json.loads((_hw_dir() / "hardware.json").read_text())
+    faults_path = _hw_dir() / "faults.json"
+    faults: set[str] = set()
+    if faults_path.exists():
+        faults = set(json.loads(faults_path.read_text()).get("faults", []))
+    return hw, faults
+
+
+def _parsesize(value: str) -> int:
+    # Same as nccl-tests parsesize(): the unit letter may sit anywhere; atof on the rest.
+    units = 1
+    if "G" in value:
+        units = 1024**3
+    elif "M" in value:
+        units = 1024**2
+    elif "K" in value:
+        units = 1024
+    number = ""
+    for ch in value:
+        if ch.isdigit() or ch in ".eE+-":
+            number += ch
+        else:
+            break
+    try:
+        return int(float(number) * units)
+    except ValueError:
+        return 0
+
+
+def _pid_alive(pid_file: Path) -> bool:
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
+def _time_str_classic(usec: float) -> str:
+    if usec >= 10000.0:
+        return f"{usec:7.0f}"
+    if usec >= 100.0:
+        return f"{usec:7.1f}"
+    return f"{usec:7.2f}"
+
+
+def _float_str(value: float, width: int) -> str:
+    """nccl-tests getFloatStr(): fewer decimals as the integer part grows (>= 2.17)."""
+    power = 0
+    val = 1
+    while value >= val:
+        power += 1
+        val *= 10
+    if power < width - 2:
+        return f"{value:{width}.2f}"
+    if power < width - 1:
+        return f"{value:{width}.1f}"
+    if power < width + 1:
+        return f"{value:{width}.0f}"
+    return f"{value:{width}.1e}"
+
+
+def _jdouble(value: float) -> str:
+    return "\"nan\"" if math.isnan(value) else f"{value:f}"
+
+
+def _jstr(value: str) -> str:
+    out = []
+    for ch in value:
+        if ch in "\"\\/":
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) >= 0x7F or ord(ch) <= 0x1F:
+            break  # the real writer gives up on the rest of the string
+        else:
+            out.append(ch)
+    return "\"" + "".join(out) + "\""
+
+
+class Sim:
+    """One invocation: parsed options, the node, and where the output goes."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.tool = os.environ.get("GPUREADY_SIM_TOOL") or Path(argv[0]).name.removesuffix(".py")
+        if self.tool not in COLLECTIVES:
+            self.tool = "all_reduce_perf"
+        self.version = os.environ.get("GPUREADY_SIM_VERSION", DEFAULT_VERSION)
+        self.modern = _parse_version(self.version) >= JSON_MIN_VERSION
+        self.argv = [self.tool, *argv[1:]]
+        self.n_threads = 1
+        self.n_gpus = 1
+        self.min_bytes = 32 * 1024 * 1024
+        self.max_bytes = 32 * 1024 * 1024
+        self.step_bytes = 1024 * 1024
+        self.step_factor = 1
+        self.iters = 20
+        self.warmup = 5
+        self.agg_iters = 1
+        self.datacheck = 1
+        self.graph = 0
+        self.blocking = 0
+        self.parallel_init = 0
+        self.op = "sum"
+        self.dtype = "float"
+        self.root = 0
+        self.output_file: str | None = None
+        self.pid = os.getpid()
+
+    # -- options -------------------------------------------------------------------------
+    def parse(self) -> None:
+        shorts = "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:R:h"
+        longs = [
+            "nthreads=", "ngpus=", "minbytes=", "maxbytes=", "stepbytes=", "stepfactor=",
+            "iters=", "agg_iters=", "warmup_iters=", "run_cycles=", "parallel_init=", "check=",
+            "op=", "datatype=", "root=", "blocking=", "stream_null=", "timeout=", "cudagraph=",
+            "report_cputime=", "average=", "local_register=", "help",
+        ]
+        if self.modern:
+            shorts += "J:S:"
+            longs += ["output_file=", "report_timestamps="]
+        try:
+            opts, _ = getopt.gnu_getopt(self.argv[1:], shorts, longs)
+        except getopt.GetoptError as err:
+            # getopt_long complains on stderr, then the tool's default case prints usage
+            # and returns 0, exactly like the real binary.
+            print(f"{self.tool}: invalid option -- '{err.opt}'", file=sys.stderr)
+            print("invalid option '?'")
+            self._usage()
+            raise UsageExit(0) from err
+        for opt, arg in opts:
+            key = opt.lstrip("-")
+            if key in ("t", "nthreads"):
+                self.n_threads = int(arg, 0)
+            elif key in ("g", "ngpus"):
+                self.n_gpus = int(arg, 0)
+            elif key in ("b", "minbytes"):
+                self.min_bytes = _parsesize(arg)
+            elif key in ("e", "maxbytes"):
+                self.max_bytes = _parsesize(arg)
+            elif key in ("i", "stepbytes"):
+                self.step_bytes = _parsesize(arg)
+            elif key in ("f", "stepfactor"):
+                self.step_factor = int(arg, 0)
+            elif key in ("n", "iters"):
+                self.iters = int(arg, 0)
+            elif key in ("m", "agg_iters"):
+                self.agg_iters = int(arg, 0)
+            elif key in ("w", "warmup_iters"):
+                self.warmup = int(arg, 0)
+            elif key in ("c", "check"):
+                self.datacheck = int(arg, 0)
+            elif key in ("p", "parallel_init"):
+                self.parallel_init = int(arg, 0)
+            elif key in ("z", "blocking"):
+                self.blocking = int(arg, 0)
+            elif key in ("G", "cudagraph"):
+                self.graph = int(arg, 0)
+            elif key in ("o", "op"):
+                self.op = arg
+            elif key in ("d", "datatype"):
+                self.dtype = arg
+            elif key in ("r", "root"):
+                self.root = int(arg, 0)
+            elif key in ("J", "output_file"):
+                self.output_file = arg
+            elif key in ("h", "help"):
+                self._usage()
+                raise UsageExit(0)
+        if self.min_bytes > self.max_bytes:
+            print(
+                f"invalid sizes for 'minbytes' and 'maxbytes': {self.min_bytes} > "
+                f"{self.max_bytes}",
+                file=sys.stderr,
+            )
+            raise UsageExit(255)
+        if self.dtype not in TYPE_SIZES:
+            self.dtype = "float"
+
+    def _usage(self) -> None:
+        lines = [
+            f"USAGE: {self.tool} ",
+            "[-t,--nthreads <num threads>] ", "[-g,--ngpus <gpus per thread>] ",
+            "[-b,--minbytes <min size in bytes>] ", "[-e,--maxbytes <max size in bytes>] ",
+            "[-i,--stepbytes <increment size>] ", "[-f,--stepfactor <increment factor>] ",
+            "[-n,--iters <iteration count>] ", "[-m,--agg_iters <aggregated iteration count>] ",
+            "[-w,--warmup_iters <warmup iteration count>] ", "[-p,--parallel_init <0/1>] ",
+            "[-c,--check <check iteration count>] ",
+            "[-o,--op <sum/prod/min/max/avg/mulsum/all>] ", "[-d,--datatype <nccltype/all>] ",
+            "[-r,--root <root>] ", "[-z,--blocking <0/1>] ", "[-y,--stream_null <0/1>] ",
+            "[-T,--timeout <time in seconds>] ", "[-G,--cudagraph <num graph launches>] ",
+            "[-C,--report_cputime <0/1>] ",
+        ]
+        if self.modern:
+            lines.append(
+                "[-J,--output_file <file> write output to filepath, if accessible. Infer type "
+                "from suffix (only json supported presently.)] "
+            )
+        lines += [
+            "[-a,--average <0/1/2/3> report average iteration time "
+            "<0=RANK0/1=AVG/2=MIN/3=MAX>] ",
+            "[-h,--help]",
+        ]
+        print("\n\t".join(lines))
+        print(f"# ({SIMULATOR}, nccl-tests {self.version})")
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> int:
+        hw, faults = _load_hw()
+        host = str(hw.get("hostname") or socket.gethostname())
+        gpus: list[dict[str, Any]] = list(hw.get("gpus", []))
+        if "gpu-missing" in faults and gpus:
+            gpus = gpus[:-1]
+        if "tool-hang" in faults:
+            # The catalogue's tool-hang: the tool never prints and never returns until killed.
+            sys.stdout.flush()
+            while True:
+                time.sleep(3600)
+        json_out = self._json_open() if self.output_file else None
+
+        if self.modern:
+            code = NCCL_VERSION[0] * 10000 + NCCL_VERSION[1] * 100 + NCCL_VERSION[2]
+            print(f"# nccl-tests version {self.version} nccl-headers={code} nccl-library={code}")
+            print(f"# Collective test starting: {self.tool}")
+        step = self.step_factor if self.step_factor > 1 else self.step_bytes
+        kind = "factor" if self.step_factor > 1 else "bytes"
+        print(
+            f"# nThread {self.n_threads} nGpus {self.n_gpus} minBytes {self.min_bytes} "
+            f"maxBytes {self.max_bytes} step: {step}({kind}) warmup iters: {self.warmup} "
+            f"iters: {self.iters} agg iters: {self.agg_iters} validation: {self.datacheck} "
+            f"graph: {self.graph}"
+        )
+        if self.blocking:
+            print("# Blocking Enabled: wait for completion and barrier after each collective ")
+        if self.parallel_init:
+            print("# Parallel Init Enabled: threads call into NcclInitRank concurrently ")
+        print("#")
+        print("# Using devices")
+
+        cuda_error = self._cuda_error(hw, faults, gpus)
+        if cuda_error is not None:
+            return self._cuda_failure(host, cuda_error, json_out)
+
+        n_ranks = self.n_threads * self.n_gpus
+        if n_ranks > len(gpus):
+            if self.modern:
+                print(
+                    f"Invalid number of GPUs: {n_ranks} requested but only {len(gpus)} were "
+                    "found.\nPlease check the number of processes and GPUs per process.",
+                    file=sys.stderr,
+                )
+                # The TESTCHECK line number of this path is not known from a capture.
+                print(f" .. {host} pid {self.pid}: Test failure common.cu:1065")
+                self._json_close(json_out, {})
+                return 5
+            return self._cuda_failure(host, "invalid device ordinal", json_out)
+
+        devices = []
+        for rank in range(n_ranks):
+            gpu = gpus[rank]
+            domain, bus, dev = _pci_parts(str(gpu.get("pci_bus_id", "00000000:00:00.0")))
+            hexid = f"{domain:04x}:{bus:02x}:{dev:02x}" if self.modern else f"0x{bus:02x}"
+            name = str(gpu.get("name", "NVIDIA GPU"))
+            print(
+                f"#  Rank {rank:2d} Group {0:2d} Pid {self.pid:6d} on {host:>10s} device "
+                f"{rank:2d} [{hexid}] {name}"
+            )
+            devices.append((rank, hexid, name))
+
+        if os.environ.get("NCCL_DEBUG", "").upper() in ("VERSION", "INFO", "TRACE"):
+            cuda = str(hw.get("cuda_version", "12.4"))
+            print(f"NCCL version {'.'.join(map(str, NCCL_VERSION))}+cuda{cuda}")
+
+        rows = self._rows(hw, faults, host, n_ranks)
+        return self._print_table(rows, host, devices, json_out)
+
+    def _cuda_error(
+        self, hw: dict[str, Any], faults: set[str], gpus: list[dict[str, Any]]
+    ) -> str | None:
+        module_loaded = (_run_dir() / "nvidia-module-version").exists()
+        if "driver-not-loaded" in faults or not module_loaded:
+            return "no CUDA-capable device is detected"
+        if not gpus:
+            return "no CUDA-capable device is detected"
+        if hw.get("nvswitch") and not _pid_alive(_run_dir() / "nv-fabricmanager.pid"):
+            return "system not yet initialized"
+        return None
+
+    def _cuda_failure(self, host: str, error: str, json_out: Any) -> int:
+        print(f"{host}: Test CUDA failure common.cu:941 '{error}'")
+        print(f" .. {host} pid {self.pid}: Test failure common.cu:891")
+        self._json_close(json_out, {})
+        return 2
+
+    # -- numbers -------------------------------------------------------------------------
+    def _sizes(self) -> list[int]:
+        sizes = []
+        size = self.min_bytes
+        while size <= self.max_bytes:
+            sizes.append(size)
+            nxt = size * self.step_factor if self.step_factor > 1 else size + self.step_bytes
+            if nxt <= size:
+                break
+            size = nxt
+        return sizes
+
+    def _rows(
+        self, hw: dict[str, Any], faults: set[str], host: str, n_ranks: int
+    ) -> list[dict[str, Any]]:
+        collective, reduces = COLLECTIVES[self.tool]
+        type_size = TYPE_SIZES[self.dtype]
+        peak_busbw = float(hw.get("nccl", {}).get("allreduce_busbw_peak_gbps", 100.0))
+        if "nccl-low-busbw" in faults:
+            peak_busbw *= 0.6
+        latency = LATENCY_US_NVLINK if hw.get("nvswitch") else LATENCY_US_PCIE
+        if self.tool == "all_reduce_perf":
+            factor = 2.0 * (n_ranks - 1) / n_ranks
+        else:
+            factor = (n_ranks - 1) / n_ranks
+        # The links carry busbw; algbw is what one rank sees, so scale the peak back.
+        peak_algbw = peak_busbw / factor if factor > 0 else peak_busbw
+        sizes = self._sizes()
+        wrong_from = min(WRONG_RESULTS_MIN_BYTES, sizes[-1]) if sizes else 0
+        rows = []
+        for size in sizes:
+            count = size // type_size
+            if self.tool != "all_reduce_perf":
+                count = count // n_ranks  # per-rank count, as the real tests print
+                eff_size = count * n_ranks * type_size
+            else:
+                eff_size = count * type_size
+            redop = self.op if reduces else "none"
+            root = -1
+            row: dict[str, Any] = {
+                "size": eff_size, "count": count, "type": self.dtype, "redop": redop,
+                "root": root, "collective": collective,
+            }
+            for place in ("out_of_place", "in_place"):
+                rng = random.Random(f"{host}:{self.tool}:{eff_size}:{place}")
+                transfer_us = eff_size / (peak_algbw * 1e3)
+                ineff_us = (INEFFICIENCY_BYTES * eff_size) ** 0.5 / (peak_algbw * 1e3)
+                usec = (latency + transfer_us + ineff_us) * (1.0 + rng.uniform(-0.015, 0.015))
+                algbw = eff_size / 1e9 / (usec / 1e6)
+                busbw = algbw * factor
+                wrong: int | None = 0
+                if not self.datacheck:
+                    wrong = None
+                elif "nccl-wrong-results" in faults and eff_size >= wrong_from and count:
+                    wrong = max(1, count // 4096 + rng.randint(0, 7))
+                row[place] = {"time": usec, "alg_bw": algbw, "bus_bw": busbw, "nwrong": wrong}
+            rows.append(row)
+        return rows
+
+    # -- output --------------------------------------------------------------------------
+    def _print_table(
+        self,
+        rows: list[dict[str, Any]],
+        host: str,
+        devices: list[tuple[int, str, str]],
+        json_out: Any,
+    ) -> int:
+        print("#")
+        if self.modern:
+            e = ""
+            # writeResultHeader() of nccl-tests >= 2.17 (src/util.cu), timestamps off.
+            print(
+                f"# {e:>10s}  {e:>12s}  {e:>8s}  {e:>6s}  {e:>6s}           out-of-place"
+                "                       in-place          "
+            )
+            print(
+                f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'root':>6s}  "
+                f"{'time':>7s}  {'algbw':>6s}  {'busbw':>6s}  {'#wrong':>6s}  "
+                f"{'time':>7s}  {'algbw':>6s}  {'busbw':>6s}  {'#wrong':>6s} "
+            )
+            print(
+                f"# {'(B)':>10s}  {'(elements)':>12s}  {e:>8s}  {e:>6s}  {e:>6s}  "
+                f"{'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {e:>6s}  "
+                f"{'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {e:>6s} "
+            )
+        else:
+            print(CLASSIC_TABLE_HEADER, end="")
+        errors = 0
+        bw_sum = 0.0
+        bw_count = 0
+        for row in rows:
+            line = (
+                f"{row['size']:12d}  {row['count']:12d}  {row['type']:>8s}  "
+                f"{row['redop']:>6s}  {row['root']:6d}"
+            )
+            for place in ("out_of_place", "in_place"):
+                res = row[place]
+                if self.modern:
+                    line += (
+                        f"  {_float_str(res['time'], 7)}  {_float_str(res['alg_bw'], 6)}"
+                        f"  {_float_str(res['bus_bw'], 6)}"
+                    )
+                    line += "    N/A" if res["nwrong"] is None else f"  {res['nwrong']:6g}"
+                else:
+                    line += (
+                        f"  {_time_str_classic(res['time'])}  {res['alg_bw']:6.2f}"
+                        f"  {res['bus_bw']:6.2f}"
+                    )
+                    line += f"  {'N/A':>5s}" if res["nwrong"] is None else f"  {res['nwrong']:5g}"
+                if res["nwrong"]:
+                    errors += 1
+                bw_sum += res["bus_bw"]
+                bw_count += 1
+            print(line)
+        avg = bw_sum / bw_count if bw_count else 0.0
+        print(f"# {'Out of bounds values':<20s} : {errors} {'FAILED' if errors else 'OK'}")
+        print(f"# {'Avg bus bandwidth':<20s} : {avg:g} ")
+        print("#")
+        if self.modern:
+            print(f"# Collective test concluded: {self.tool}")
+        print("")
+        self._json_close(
+            json_out,
+            {"rows": rows, "devices": devices, "host": host, "errors": errors, "avg": avg},
+        )
+        return 1 if errors else 0
+
+    # -- JSON (-J, nccl-tests >= 2.17) ---------------------------------------------------
+    def _json_open(self) -> Any:
+        assert self.output_file is not None
+        path = self.output_file
+        try_count = 0
+        while True:
+            try:
+                handle = open(path, "x")  # noqa: SIM115 - closed in _json_close
+                break
+            except FileExistsError:
+                path = f"{self.output_file}.{try_count}"
+                try_count += 1
+            except OSError:
+                print(f"# skipping json output; {path} not accessible")
+                return None
+        print(f"# Writing JSON output to {path}")
+        return {"handle": handle, "start": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def _json_close(self, json_out: Any, result: dict[str, Any]) -> None:
+        if json_out is None:
+            return
+        code = NCCL_VERSION[0] * 10000 + NCCL_VERSION[1] * 100 + NCCL_VERSION[2]
+        parts = [
+            "\"version\":1",
+            f"\"start_time\":{_jstr(json_out['start'])}",
+            "\"args\":[" + ",".join(_jstr(a) for a in self.argv) + "]",
+            "\"env\":[" + ",".join(_jstr(f"{k}={v}") for k, v in os.environ.items()) + "]",
+            f"\"nccl_version\":{code}",
+        ]
+        if "rows" in result:
+            step_key = (
+                f"\"step_factor\":{self.step_factor}" if self.step_factor > 1
+                else f"\"step_bytes\":{self.step_bytes}"
+            )
+            devices = ",".join(
+                "{" + f"\"rank\":{rank},\"group\":0,\"pid\":{self.pid},"
+                f"\"hostname\":{_jstr(result['host'])},\"device\":{rank},"
+                f"\"device_hex\":{_jstr(hexid)},\"device_info\":{_jstr(name)}" + "}"
+                for rank, hexid, name in result["devices"]
+            )
+            parts.append(
+                "\"config\":{"
+                f"\"nthreads\":{self.n_threads},\"ngpus\":{self.n_gpus},"
+                f"\"minimum_bytes\":{self.min_bytes},\"maximum_bytes\":{self.max_bytes},"
+                f"{step_key},\"warmup_iters\":{self.warmup},\"iterations\":{self.iters},"
+                f"\"aggregated_iterations\":{self.agg_iters},\"validation\":{self.datacheck},"
+                f"\"graph\":{self.graph},"
+                f"\"blocking_collectives\":{_jstr('true' if self.blocking else 'false')},"
+                f"\"parallel_init\":{_jstr('true' if self.parallel_init else 'false')},"
+                f"\"devices\":[{devices}]" + "}"
+            )
+            records = []
+            for row in result["rows"]:
+                rec = (
+                    f"\"size\":{row['size']},\"count\":{row['count']},"
+                    f"\"type\":{_jstr(row['type'])},\"redop\":{_jstr(row['redop'])},"
+                    f"\"root\":{_jstr(format(row['root'], '6d'))}"
+                )
+                for place in ("out_of_place", "in_place"):
+                    res = row[place]
+                    nwrong = "null" if res["nwrong"] is None else _jdouble(float(res["nwrong"]))
+                    rec += (
+                        f",\"{place}\":{{\"time\":{_jdouble(res['time'])},"
+                        f"\"alg_bw\":{_jdouble(res['alg_bw'])},"
+                        f"\"bus_bw\":{_jdouble(res['bus_bw'])},\"nwrong\":{nwrong}}}"
+                    )
+                rec += (
+                    f",\"actual_iterations\":{self.iters},"
+                    f"\"experiment_name\":{_jstr(row['collective'])}"
+                )
+                records.append("{" + rec + "}")
+            parts.append("\"results\":[" + ",".join(records) + "]")
+            errors = result["errors"]
+            parts.append(
+                f"\"out_of_bounds\":{{\"count\":{errors},"
+                f"\"okay\":{_jstr('true' if errors == 0 else 'false')}}}"
+            )
+            parts.append(
+                f"\"average_bus_bandwidth\":{{\"bandwidth\":{_jdouble(result['avg'])},"
+                "\"okay\":\"unchecked\"}"
+            )
+            parts.append("\"errors\":[\"\"]")
+        parts.append(f"\"end_time\":{_jstr(time.strftime('%Y-%m-%d %H:%M:%S'))}")
+        handle = json_out["handle"]
+        handle.write("{" + ",".join(parts) + "}")
+        handle.close()
+
+
+def _pci_parts(bus_id: str) -> tuple[int, int, int]:
+    """'00000000:18:00.0' -> (domain, bus, device) as integers."""
+    try:
+        domain, bus, rest = bus_id.split(":")
+        return int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+    except ValueError:
+        return 0, 0, 0
+
+
+def main(argv: list[str]) -> int:
+    sim = Sim(argv)
+    try:
+        sim.parse()
+        return sim.run()
+    except UsageExit as stop:
+        return stop.status
+    finally:
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
