@@ -1,0 +1,95 @@
+"""`python -m lab up|down|status|fault|faults`: the simulated GPU fleet on this machine.
+
+Every error is one line naming the problem (exit 2); a failed `up` leaves nothing running and a
+refused `up` on a running lab leaves that lab as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TextIO
+
+from lab import core, hardware, hosts, repo
+from lab.errors import LabError
+from lab.paths import LabPaths
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab",
+        description="gpuready lab: a SIMULATED GPU fleet of real Debian hosts (systemd-nspawn, "
+                    "one loopback address and sshd each).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="boot the fleet and write inventory/lab/hosts.yml")
+    up.add_argument("--fleet", default="default",
+                    help="lab/fleets/<name>.yml or a path (default: default)")
+    up.add_argument("--nodes", type=int, help="spread N hosts over the fleet's pools")
+    up.add_argument("--fault", action="append", default=[], metavar="HOST=FAULT[,FAULT]",
+                    help="inject faults (repeatable); see `python -m lab faults`")
+    up.add_argument("--repo-port", type=int, default=repo.DEFAULT_PORT,
+                    help=f"lab package repository port on 127.0.0.1 (default {repo.DEFAULT_PORT})")
+    up.add_argument("--ssh-port", type=int, default=22, help="sshd port of every host")
+    sub.add_parser("down", help="stop every host and server, unmount everything")
+    sub.add_parser("status", help="hosts, addresses, pools and injected faults")
+    fault = sub.add_parser("fault", help="change a running host's faults")
+    fault.add_argument("host")
+    fault.add_argument("faults", nargs="*", help="faults to add")
+    fault.add_argument("--remove", action="append", default=[], metavar="FAULT")
+    fault.add_argument("--clear", action="store_true", help="remove every fault")
+    sub.add_parser("faults", help="list the faults the lab can inject")
+    return parser
+
+
+def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout,
+         stderr: TextIO = sys.stderr) -> int:
+    args = _parser().parse_args(argv)
+    paths = LabPaths.default()
+    try:
+        if args.command == "up":
+            started = time.monotonic()
+            state = core.up(paths, fleet=args.fleet, nodes=args.nodes, faults=args.fault,
+                            repo_port=args.repo_port, ssh_port=args.ssh_port)
+            print(f"lab: {len(state.hosts)} hosts up in {time.monotonic() - started:.1f} s "
+                  f"(SIMULATED GPUs); inventory: {paths.inventory_dir / 'hosts.yml'}",
+                  file=stdout)
+            _print_status(paths, state, stdout)
+        elif args.command == "down":
+            stopped = core.down(paths)
+            print(f"lab: stopped {stopped} hosts; nothing of the lab is running", file=stdout)
+        elif args.command == "status":
+            state = core.running_state(paths)
+            if state is None:
+                print("lab: not running", file=stdout)
+            else:
+                _print_status(paths, state, stdout)
+        elif args.command == "fault":
+            if not (args.faults or args.remove or args.clear):
+                raise LabError("fault: name faults to add, --remove FAULT or --clear")
+            host = core.set_faults(paths, args.host, args.faults, args.remove, args.clear)
+            print(f"lab: {host.name} faults: {', '.join(host.faults) or 'none'}", file=stdout)
+        elif args.command == "faults":
+            width = max(map(len, hardware.FAULTS))
+            for name, what in sorted(hardware.FAULTS.items()):
+                print(f"{name:<{width}}  {what}", file=stdout)
+    except LabError as exc:
+        print(f"lab: error: {exc}", file=stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lab: interrupted", file=stderr)
+        return 130
+    return 0
+
+
+def _print_status(paths: LabPaths, state: core.LabState, out: TextIO) -> None:
+    print(f"repository: {repo.repo_url(state.repo_port)} (SIMULATED vendor packages)", file=out)
+    rows = [("HOST", "ADDRESS", "POOL", "HARDWARE (simulated)", "STATE", "FAULTS")]
+    for h in state.hosts:
+        alive = hosts.leader_pid(paths, h.name) is not None
+        faults = hosts.read_faults(paths, h.name) if alive else h.faults
+        rows.append((h.name, f"{h.address}:{h.port}", h.pool, h.hw_profile,
+                     "running" if alive else "stopped", ",".join(faults) or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)

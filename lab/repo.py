@@ -1,0 +1,175 @@
+"""The lab package repository: flat apt repositories, signed with a lab key, served on loopback.
+
+Layout mirrors the production sources the roles use (NVIDIA's CUDA and container-toolkit
+repositories and pkgs.k8s.io are flat repositories too), so the roles run the same apt path:
+``http://127.0.0.1:<port>/<repo>/`` with ``Packages``, ``Release``, ``InRelease`` and the binary
+``keyring.gpg`` for ``signed-by``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from email.utils import formatdate
+from pathlib import Path
+
+from lab.errors import LabError
+from lab.packages import REPOS, Package, all_packages
+from lab.paths import LabPaths
+
+DEFAULT_PORT = 18080
+KEY_UID = "gpuready lab repository (SIMULATED packages) <lab@gpuready.invalid>"
+
+
+def _gpg(paths: LabPaths, *args: str, stdin: bytes | None = None) -> bytes:
+    paths.gnupg.mkdir(mode=0o700, parents=True, exist_ok=True)
+    proc = subprocess.run(["gpg", "--homedir", str(paths.gnupg), "--batch", "--yes",
+                           "--pinentry-mode", "loopback", "--passphrase", "", *args],
+                          input=stdin, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise LabError(f"gpg {args[0]} failed: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
+
+
+def ensure_key(paths: LabPaths) -> bytes:
+    """The lab signing key (made once); returns the binary public keyring."""
+    if not _gpg(paths, "--list-secret-keys", "--with-colons").strip():
+        _gpg(paths, "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+    return _gpg(paths, "--export", KEY_UID)
+
+
+def _recipe_hash() -> str:
+    blob = json.dumps([asdict(p) for p in all_packages()], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _build_deb(pkg: Package, out_dir: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="gpuready-deb-") as tmp:
+        root = Path(tmp)
+        debian = root / "DEBIAN"
+        debian.mkdir(mode=0o755)
+        (debian / "control").write_text(pkg.control())
+        if pkg.postinst:
+            (debian / "postinst").write_text(pkg.postinst)
+            (debian / "postinst").chmod(0o755)
+        for f in pkg.files:
+            target = root / f.path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(f.content)
+            target.chmod(f.mode)
+        deb = out_dir / f"{pkg.name}_{pkg.version.replace(':', '%3a')}_{pkg.arch}.deb"
+        proc = subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build",
+                               str(root), str(deb)], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            raise LabError(f"building {pkg.name} {pkg.version}: {proc.stderr.strip()}")
+
+
+def _release(paths: LabPaths, repo_dir: Path, label: str) -> None:
+    files = ["Packages", "Packages.gz"]
+    lines = [
+        "Origin: gpuready-lab",
+        f"Label: gpuready lab simulator ({label})",
+        f"Date: {formatdate(usegmt=True)}",
+        "Architectures: amd64 all",
+        "Description: SIMULATED vendor packages for the gpuready lab",
+    ]
+    for field, algo in (("MD5Sum", "md5"), ("SHA256", "sha256")):
+        lines.append(f"{field}:")
+        for name in files:
+            data = (repo_dir / name).read_bytes()
+            lines.append(f" {hashlib.new(algo, data).hexdigest()} {len(data)} {name}")
+    release = repo_dir / "Release"
+    release.write_text("\n".join(lines) + "\n")
+    (repo_dir / "InRelease").write_bytes(
+        _gpg(paths, "--local-user", KEY_UID, "--clearsign", "--output", "-", str(release)))
+    (repo_dir / "Release.gpg").write_bytes(
+        _gpg(paths, "--local-user", KEY_UID, "--armor", "--detach-sign", "--output", "-",
+             str(release)))
+
+
+def ensure_repo(paths: LabPaths) -> Path:
+    """Build the repositories if their recipe changed; return the directory to serve."""
+    stamp = paths.repo_dir / ".recipe"
+    keyring = ensure_key(paths)
+    if stamp.exists() and stamp.read_text() == _recipe_hash():
+        return paths.repo_dir
+    if paths.repo_dir.exists():
+        shutil.rmtree(paths.repo_dir)
+    paths.repo_dir.mkdir(parents=True)
+    (paths.repo_dir / "keyring.gpg").write_bytes(keyring)
+    for repo in REPOS:
+        repo_dir = paths.repo_dir / repo
+        repo_dir.mkdir(parents=True)
+        for pkg in all_packages():
+            if pkg.repo == repo:
+                _build_deb(pkg, repo_dir)
+        scan = subprocess.run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"],
+                              cwd=repo_dir, capture_output=True, check=False)
+        if scan.returncode != 0:
+            raise LabError(f"dpkg-scanpackages {repo}: {scan.stderr.decode().strip()}")
+        (repo_dir / "Packages").write_bytes(scan.stdout)
+        (repo_dir / "Packages.gz").write_bytes(gzip.compress(scan.stdout, mtime=0))
+        (repo_dir / "keyring.gpg").write_bytes(keyring)
+        _release(paths, repo_dir, repo)
+    stamp.write_text(_recipe_hash())
+    return paths.repo_dir
+
+
+def repo_url(port: int, repo: str = "") -> str:
+    return f"http://127.0.0.1:{port}/{repo}"
+
+
+def start_server(paths: LabPaths, port: int) -> int:
+    """Serve the repositories on 127.0.0.1:port; return the server's pid."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise LabError(f"lab repository port 127.0.0.1:{port} is in use ({exc.strerror}); "
+                           f"choose another with --repo-port") from None
+    log = (paths.run / "repo-http.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+         "--directory", str(paths.repo_dir)],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc.pid
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    proc.kill()
+    raise LabError(f"lab repository server did not start on 127.0.0.1:{port} "
+                   f"(see {paths.run / 'repo-http.log'})")
+
+
+def stop_server(pid: int | None) -> None:
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)

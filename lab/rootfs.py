@@ -1,0 +1,152 @@
+"""The cached Debian 12 root filesystem every lab host boots from (copy-on-write overlays).
+
+The rootfs is rebuilt only when its recipe changes: the recipe (suite, mirror, packages and the
+files this module writes into it) is hashed into the cache directory's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from lab.errors import LabError
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+# What a bare Debian 12 GPU host has before the roles run: systemd, sshd, python3 for Ansible,
+# python3-apt for the apt module, kmod/procps/iproute2 as every real host has.
+INCLUDE = (
+    "systemd,systemd-sysv,dbus,openssh-server,python3,python3-apt,sudo,ca-certificates,"
+    "gnupg,kmod,procps,iproute2,initramfs-tools,less"
+)
+# Downloaded (not installed) into the image's apt cache so that the roles' real installs of
+# Debian packages on many hosts do not each fetch them again.
+PREFETCH = ("containerd", "runc", "fio")
+
+SSHD_CONF = """\
+# gpuready lab host: keys only; the lab writes ListenAddress per host before first boot.
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UseDNS no
+"""
+
+RELEASE_NOTE = """\
+This is a gpuready lab host (a systemd-nspawn container on loopback).
+Its GPUs, NICs and vendor packages (NVIDIA driver, container toolkit, kubelet, nccl-tests,
+ibstat) are SIMULATED by the gpuready lab simulator; Debian, systemd, sshd, apt, containerd
+and fio are real. The simulated hardware is described in /opt/gpuready-lab/hw/.
+"""
+
+# Boot-time effects of the simulated hardware that live in the kernel log (Xid events): a lab
+# unit, part of the simulated machine, not of anything the roles manage.
+FAULTS_UNIT = """\
+[Unit]
+Description=gpuready lab simulator: kernel messages of the simulated GPUs (Xid faults)
+ConditionPathExists=/opt/gpuready-lab/sim/lab_kmsg.py
+After=systemd-journald.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/python3 /opt/gpuready-lab/sim/lab_kmsg.py
+RemainAfterExit=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# Timers that would take the dpkg lock in the middle of a converge on a freshly booted host.
+MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer",
+                "fstrim.timer", "systemd-timesyncd.service")
+
+
+def recipe() -> dict[str, object]:
+    return {
+        "suite": SUITE,
+        "mirror": MIRROR,
+        "include": INCLUDE,
+        "prefetch": PREFETCH,
+        "sshd": SSHD_CONF,
+        "release": RELEASE_NOTE,
+        "faults_unit": FAULTS_UNIT,
+        "masked": MASKED_UNITS,
+        "version": 3,
+    }
+
+
+def recipe_hash() -> str:
+    blob = json.dumps(recipe(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def rootfs_path(cache: Path) -> Path:
+    return cache / f"rootfs-{SUITE}-{recipe_hash()}"
+
+
+def _run(argv: list[str], what: str) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise LabError(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+
+
+def ensure_rootfs(cache: Path, log: bool = True) -> Path:
+    """Return the cached rootfs for the current recipe, building it first if needed."""
+    target = rootfs_path(cache)
+    if (target / ".gpuready-lab-complete").exists():
+        return target
+    if shutil.which("debootstrap") is None:
+        raise LabError("debootstrap is not installed (run `make setup`)")
+    cache.mkdir(parents=True, exist_ok=True)
+    building = target.with_name(target.name + ".building")
+    if building.exists():
+        shutil.rmtree(building)
+    if log:
+        print(f"lab: building Debian {SUITE} rootfs (about a minute, cached in {target})",
+              file=sys.stderr)
+    _run(["debootstrap", "--variant=minbase", f"--include={INCLUDE}", SUITE, str(building),
+          MIRROR], "debootstrap")
+    _customise(building)
+    (building / ".gpuready-lab-complete").write_text(json.dumps(recipe(), indent=1))
+    building.rename(target)
+    # Older recipes are dead weight: remove them (they are only ever rebuilt from scratch).
+    for old in cache.glob(f"rootfs-{SUITE}-*"):
+        if old != target and not old.name.endswith(".building"):
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _customise(root: Path) -> None:
+    # Host keys made by openssh-server's postinst would be shared by every host: each host
+    # gets its own at `lab up`, collected into the lab's known_hosts.
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    (root / "etc/ssh/sshd_config.d/10-gpuready-lab.conf").write_text(SSHD_CONF)
+    (root / "etc/gpuready-lab-release").write_text(RELEASE_NOTE)
+    (root / "etc/motd").write_text(RELEASE_NOTE)
+    unit_dir = root / "etc/systemd/system"
+    (unit_dir / "gpuready-lab-faults.service").write_text(FAULTS_UNIT)
+    wants = unit_dir / "multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / "gpuready-lab-faults.service"
+    if not link.is_symlink():
+        link.symlink_to("/etc/systemd/system/gpuready-lab-faults.service")
+    for unit in MASKED_UNITS:
+        masked = unit_dir / unit
+        if masked.exists() or masked.is_symlink():
+            masked.unlink()
+        masked.symlink_to("/dev/null")
+    (root / "opt/gpuready-lab/hw").mkdir(parents=True, exist_ok=True)
+    (root / "opt/gpuready-lab/sim").mkdir(parents=True, exist_ok=True)
+    # Prefetch Debian packages the roles install for real, and leave fresh package lists.
+    resolv = root / "etc/resolv.conf"
+    if resolv.is_symlink() or resolv.exists():
+        resolv.unlink()
+    shutil.copyfile("/etc/resolv.conf", resolv)
+    _run(["chroot", str(root), "apt-get", "update", "-qq"], "apt-get update in the rootfs")
+    _run(["chroot", str(root), "apt-get", "install", "-qq", "--download-only", "-y",
+          *PREFETCH], "prefetching packages in the rootfs")
