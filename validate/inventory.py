@@ -1,0 +1,146 @@
+"""The Ansible inventory, read through Ansible's own API, as the validators need it.
+
+Group and host vars merge exactly as ``ansible-playbook`` merges them (``InventoryManager`` +
+``VariableManager``), and ``--limit`` accepts Ansible's host patterns. A node's pool is the child
+group of ``gpu_nodes`` it belongs to; its profile is ``gpu_profile``.
+
+Output: a tuple of :class:`Node` records, sorted by name.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ansible.inventory.manager import InventoryManager
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar
+from ansible.vars.manager import VariableManager
+
+PARENT_GROUP = "gpu_nodes"
+
+# Vars whose values the validators read; only these are templated (templating every var would
+# resolve lookups the validators never use).
+_USED_VARS = (
+    "ansible_host",
+    "ansible_port",
+    "ansible_user",
+    "ansible_ssh_private_key_file",
+    "ansible_ssh_common_args",
+    "ansible_connection",
+    "gpuready_ssh_known_hosts",
+    "gpuready_ssh_accept_unknown_host_keys",
+    "gpu_profile",
+    "gpu_pool",
+    "gpu_thresholds",
+    "nvidia_driver_version",
+    "gpuready_scratch_path",
+    "gpuready_checkpoint_path",
+    "gpuready_fio_size_mib",
+    "gpuready_checkpoint_size_mib",
+    "gpuready_xid_window",
+)
+
+
+class InventoryError(Exception):
+    """The inventory cannot be read, or a GPU host lacks a pool or profile."""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One GPU host as the validators see it.
+
+    ``vars`` holds the templated values of the variables listed in ``_USED_VARS`` that are set.
+    """
+
+    name: str
+    address: str
+    port: int
+    user: str
+    connection: str  # ansible_connection: ssh (default) or local
+    key_file: Path | None
+    known_hosts: Path | None
+    accept_unknown_host_keys: bool
+    pool: str
+    profile: str
+    gpu_pool: Mapping[str, str]
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _known_hosts_from_args(common_args: str) -> Path | None:
+    """``-o UserKnownHostsFile=<path>`` from ansible_ssh_common_args, if present."""
+    words = shlex.split(common_args)
+    for i, word in enumerate(words):
+        opt = word
+        if word == "-o" and i + 1 < len(words):
+            opt = words[i + 1]
+        elif word.startswith("-o"):
+            opt = word[2:]
+        else:
+            continue
+        key, _, value = opt.partition("=")
+        if key.strip().lower() == "userknownhostsfile" and value.strip():
+            return Path(value.strip().split()[0]).expanduser()
+    return None
+
+
+def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
+    """Read the GPU nodes (members of ``gpu_nodes``) of the inventory at ``source``.
+
+    ``limit`` is an Ansible host pattern (``pool_h100_sxm:!gpu-h100-02``, ``gpu-*``, ...).
+    Raises :class:`InventoryError` on an unreadable inventory or a host with no pool/profile.
+    """
+    if not source.exists():
+        raise InventoryError(f"inventory {source} does not exist")
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=[str(source)])
+    if PARENT_GROUP not in inventory.groups:
+        raise InventoryError(f"inventory {source} has no group {PARENT_GROUP!r}")
+    variables = VariableManager(loader=loader, inventory=inventory)
+    pools = {g.name for g in inventory.groups[PARENT_GROUP].child_groups}
+    if limit:
+        inventory.subset(limit)
+    nodes: list[Node] = []
+    for host in inventory.get_hosts(pattern=PARENT_GROUP):
+        raw = variables.get_vars(host=host, include_hostvars=False)
+        templar = Templar(loader=loader, variables=raw)
+        used = {k: templar.template(raw[k]) for k in _USED_VARS if k in raw}
+        host_pools = sorted(pools & {g.name for g in host.get_groups()})
+        if len(host_pools) != 1:
+            raise InventoryError(
+                f"host {host.name}: must be in exactly one pool group under {PARENT_GROUP} "
+                f"(found {host_pools or 'none'})"
+            )
+        profile = used.get("gpu_profile")
+        if not isinstance(profile, str) or not profile:
+            raise InventoryError(f"host {host.name}: gpu_profile is not set (pool {host_pools[0]})")
+        key_file = used.get("ansible_ssh_private_key_file")
+        known = used.get("gpuready_ssh_known_hosts")
+        known_path = (
+            Path(str(known)).expanduser()
+            if known
+            else _known_hosts_from_args(str(used.get("ansible_ssh_common_args", "")))
+        )
+        gpu_pool = used.get("gpu_pool") or {}
+        nodes.append(
+            Node(
+                name=host.name,
+                address=str(used.get("ansible_host", host.name)),
+                port=int(used.get("ansible_port", 22)),
+                user=str(used.get("ansible_user", "root")),
+                connection=str(used.get("ansible_connection", "ssh")),
+                key_file=Path(str(key_file)).expanduser() if key_file else None,
+                known_hosts=known_path,
+                accept_unknown_host_keys=bool(
+                    used.get("gpuready_ssh_accept_unknown_host_keys", False)
+                ),
+                pool=host_pools[0],
+                profile=profile,
+                gpu_pool={str(k): str(v) for k, v in dict(gpu_pool).items()},
+                vars=used,
+            )
+        )
+    return tuple(sorted(nodes, key=lambda n: n.name))
