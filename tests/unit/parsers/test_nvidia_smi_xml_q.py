@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.unit.parsers.nvidia_smi_golden import capture_sections, load_expected, to_jsonable
+from tests.unit.parsers.test_nvidia_smi_golden import capture_sections, load_expected, to_jsonable
 from validate.parsers import ParseError, nvidia_smi_q, nvidia_smi_xml
+from validate.parsers.nvidia_smi_csv import parse_query_gpu
 from validate.parsers.nvidia_smi_model import EccErrors, RemappedRows, RetiredPages
 
 XML_FIXTURES = sorted(FIXTURES.glob("nvidia-smi-xml/*.xml"))
@@ -172,8 +173,6 @@ def test_q_h800_single_gpu_of_eight() -> None:
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda p: p.name)
 def test_capture_q_sections_parse_and_agree_with_csv(capture: Path) -> None:
-    from validate.parsers.nvidia_smi_csv import parse_query_gpu
-
     sections = capture_sections(capture)
     for phase in ("idle", "load"):
         log = nvidia_smi_q.parse(sections[f"{phase} :: query (-q)"])
@@ -188,7 +187,9 @@ def test_capture_q_sections_parse_and_agree_with_csv(capture: Path) -> None:
         assert gpu.pcie_width_max == row.value("pcie.link.width.max")
         assert gpu.mig_mode == row.value("mig.mode.current")
         assert gpu.ecc is not None
-        assert gpu.ecc.aggregate_uncorrectable == row.value("ecc.errors.uncorrected.aggregate.total")
+        assert gpu.ecc.aggregate_uncorrectable == row.value(
+            "ecc.errors.uncorrected.aggregate.total"
+        )
 
 
 def test_capture_q_section_equals_standalone_fixture() -> None:

@@ -1,7 +1,7 @@
 """Golden-file helpers for the nvidia-smi parser tests.
 
 Expected results live in ``expected/nvidia_smi_<format>/<fixture name>.json``. They were
-written by ``python -m tests.unit.parsers.nvidia_smi_golden`` and then checked by hand against
+written by ``python -m tests.unit.parsers.test_nvidia_smi_golden`` and then checked by hand against
 the raw fixture text; the tests also pin the facts that matter (faults, edge cases) explicitly,
 so a regenerated golden file cannot silently bless a wrong parse.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import FIXTURES
+from validate.parsers import nvidia_smi_nvlink, nvidia_smi_q, nvidia_smi_topo, nvidia_smi_xml
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
 
@@ -68,8 +69,6 @@ def _write(fmt: str, pattern: str, parse: Callable[[str], Any]) -> None:
 
 
 def main() -> None:
-    from validate.parsers import nvidia_smi_nvlink, nvidia_smi_q, nvidia_smi_topo, nvidia_smi_xml
-
     targets = {
         "xml": ("nvidia-smi-xml/*.xml", nvidia_smi_xml.parse),
         "q": ("nvidia-smi-q-text/*.txt", nvidia_smi_q.parse),
