@@ -274,11 +274,15 @@ def parse_json(text: str, *, allow_partial: bool = False) -> NcclRun:
         raise ParseError(JSON_FORMAT, f"invalid JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         raise ParseError(JSON_FORMAT, "not an nccl-tests JSON report (no 'results' list)")
-    errors = [e for e in doc.get("errors") or [] if isinstance(e, str) and e]
+    errors_obj = doc.get("errors")
+    errors = (
+        [e for e in errors_obj if isinstance(e, str) and e] if isinstance(errors_obj, list) else []
+    )
     try:
         config = doc.get("config")
         header = _json_header(config) if isinstance(config, dict) else None
-        devices = tuple(_json_device(d) for d in (config or {}).get("devices") or [])
+        devices_obj = config.get("devices") if isinstance(config, dict) else None
+        devices = tuple(_json_device(d) for d in devices_obj or [])
         rows = tuple(_json_row(r) for r in doc["results"])
         oob_obj = doc.get("out_of_bounds")
         avg_obj = doc.get("average_bus_bandwidth")
@@ -448,7 +452,9 @@ def _json_header(config: dict[str, object]) -> NcclHeader:
     )
 
 
-def _json_device(dev: dict[str, object]) -> NcclDevice:
+def _json_device(dev: object) -> NcclDevice:
+    if not isinstance(dev, dict):
+        raise TypeError(f"device is not an object: {dev!r}")
     group = dev.get("group")
     return NcclDevice(
         rank=int(str(dev["rank"])),
@@ -476,7 +482,9 @@ def _json_result(obj: object) -> NcclResult | None:
     )
 
 
-def _json_row(row: dict[str, object]) -> NcclRow:
+def _json_row(row: object) -> NcclRow:
+    if not isinstance(row, dict):
+        raise TypeError(f"result is not an object: {row!r}")
     out_of_place = _json_result(row.get("out_of_place"))
     in_place = _json_result(row.get("in_place"))
     if out_of_place is None and in_place is None:
