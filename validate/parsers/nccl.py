@@ -280,6 +280,8 @@ def parse_json(text: str, *, allow_partial: bool = False) -> NcclRun:
     )
     try:
         config = doc.get("config")
+        if config is not None and not isinstance(config, dict):
+            raise TypeError(f"config is not an object: {config!r}")
         header = _json_header(config) if isinstance(config, dict) else None
         devices_obj = config.get("devices") if isinstance(config, dict) else None
         devices = tuple(_json_device(d) for d in devices_obj or [])

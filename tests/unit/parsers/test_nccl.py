@@ -364,3 +364,27 @@ def test_json_without_results_quotes_errors() -> None:
 def test_json_garbage_or_truncated(text: str) -> None:
     with pytest.raises(ParseError):
         nccl.parse_json(text)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("config",), [1]),
+        (("config", "devices"), [None]),
+        (("config", "ngpus"), "8"),
+        (("results",), [1]),
+        (("results", 0, "in_place"), "x"),
+        (("results", 0, "out_of_place", "bus_bw"), None),
+        (("errors",), 5),
+    ],
+)
+def test_json_wrong_types_raise_parse_error(path: tuple[str | int, ...], value: object) -> None:
+    doc = json.loads(_util_cu_json(rows=1))
+    target = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    if path == ("errors",):
+        doc["results"] = []  # ignored errors of the wrong type must not hide "no results"
+    with pytest.raises(ParseError):
+        nccl.parse_json(json.dumps(doc))
