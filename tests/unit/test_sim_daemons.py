@@ -1,0 +1,130 @@
+"""lab/sim/daemons.py: process names, real failure messages, clean SIGTERM exits."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lab.hardware import render_host, write_faults, write_hardware
+
+SIM = Path(__file__).resolve().parents[2] / "lab" / "sim" / "daemons.py"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    write_hardware(tmp_path / "hw", render_host("h100-sxm5-8x", "gpu-h100-01"))
+    write_faults(tmp_path / "hw", [])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "nvidia-module-version").write_text("550.90.07\n")
+    return tmp_path
+
+
+def env(node: Path, tool: str, version: str) -> dict[str, str]:
+    return {"GPUREADY_LAB_HW": str(node / "hw"), "GPUREADY_LAB_RUN": str(node / "run"),
+            "GPUREADY_LAB_ROOT": str(node / "root"), "GPUREADY_SIM_TOOL": tool,
+            "GPUREADY_SIM_VERSION": version, "PATH": "/usr/bin:/bin"}
+
+
+def start(node: Path, tool: str, version: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(SIM), *args], env=env(node, tool, version),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=5)
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize(
+    ("tool", "version", "args", "comm"),
+    [
+        ("nvidia-persistenced", "550.90.07", ["--foreground", "--verbose"], "nvidia-persiste"),
+        ("kubelet", "1.30.5", [], "kubelet"),
+    ],
+)
+def test_daemon_names_itself_and_stops_cleanly(node, tool, version, args, comm):
+    proc = start(node, tool, version, *args)
+    comm_file = Path(f"/proc/{proc.pid}/comm")
+    wait_for(lambda: comm_file.read_text().strip() == comm)
+    code, out, err = stop(proc)
+    assert code == 0
+    assert "gpuready lab simulator" in out + err
+
+
+def test_persistenced_fails_without_driver(node: Path):
+    (node / "run" / "nvidia-module-version").unlink()
+    proc = subprocess.run([sys.executable, str(SIM), "--foreground"],
+                          env=env(node, "nvidia-persistenced", "550.90.07"),
+                          capture_output=True, text=True, timeout=10, check=False)
+    assert proc.returncode == 1
+    assert "nvidia-persistenced: Failed to query NVIDIA devices." in proc.stderr
+
+
+def test_fabricmanager_runs_on_nvswitch_and_marks_itself(node: Path):
+    cfg = node / "fabricmanager.cfg"
+    cfg.write_text("LOG_FILE_NAME=/var/log/fabricmanager.log\nDAEMONIZE=0\n")
+    proc = start(node, "nv-fabricmanager", "550.90.07", "-c", str(cfg))
+    marker = node / "run" / "nv-fabricmanager.pid"
+    wait_for(marker.exists)
+    assert int(marker.read_text()) == proc.pid
+    wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text().strip() == "nv-fabricmanage")
+    code, _, _ = stop(proc)
+    assert code == 0 and not marker.exists()
+    log = (node / "root" / "var" / "log" / "fabricmanager.log").read_text()
+    # The log line format of the real FM log (fixtures/fabricmanager).
+    assert re.search(r"^\[\w{3} \d{2} \d{4} \d{2}:\d{2}:\d{2}\] \[INFO\] \[tid \d+\] ", log, re.M)
+
+
+def test_fabricmanager_exits_without_nvswitch_and_on_version_mismatch(node: Path, tmp_path: Path):
+    other = tmp_path / "pcie"
+    write_hardware(other / "hw", render_host("l40s-pcie-4x", "gpu-l40s-01"))
+    (other / "run").mkdir(parents=True)
+    (other / "run" / "nvidia-module-version").write_text("550.90.07\n")
+    proc = subprocess.run([sys.executable, str(SIM)], env=env(other, "nv-fabricmanager",
+                          "550.90.07"), capture_output=True, text=True, timeout=10, check=False)
+    assert proc.returncode == 1
+    assert "failed with error:WARNING Nothing to do" in proc.stderr
+    mismatch = subprocess.run([sys.executable, str(SIM)], env=env(node, "nv-fabricmanager",
+                              "550.54.15"), capture_output=True, text=True, timeout=10,
+                              check=False)
+    assert mismatch.returncode == 1 and "don't match with driver version 550.90.07" in (
+        mismatch.stderr
+    )
+    assert not (node / "run" / "nv-fabricmanager.pid").exists()
+
+
+def test_kubelet_version():
+    out = subprocess.run([sys.executable, str(SIM), "--version"],
+                         env={"GPUREADY_SIM_TOOL": "kubelet", "GPUREADY_SIM_VERSION": "1.30.5"},
+                         capture_output=True, text=True, timeout=10, check=True)
+    assert out.stdout == "Kubernetes v1.30.5\n"
+
+
+def test_persistenced_forks_like_the_packaged_unit_expects(node: Path):
+    proc = subprocess.run([sys.executable, str(SIM), "--verbose"],
+                          env=env(node, "nvidia-persistenced", "550.90.07"),
+                          capture_output=True, text=True, timeout=10, check=False)
+    assert proc.returncode == 0
+    pid_file = node / "root" / "var" / "run" / "nvidia-persistenced" / "nvidia-persistenced.pid"
+    wait_for(pid_file.exists)
+    pid = int(pid_file.read_text())
+    try:
+        wait_for(lambda: Path(f"/proc/{pid}/comm").read_text().strip() == "nvidia-persiste")
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not pid_file.exists())
