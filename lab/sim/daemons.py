@@ -205,8 +205,7 @@ def fabricmanager(args: list[str]) -> int:
                 handle.write(line)
 
     hw, faults = _load()
-    log("INFO", f"Fabric Manager version {version} is running with the following configuration "
-        f"options ({SIMULATOR})")
+    log("INFO", f"Fabric Manager version {version} ({SIMULATOR})")
     driver = _module_version()
     if "driver-not-loaded" in faults or driver is None:
         message = "failed to open NVIDIA GPU driver interface: the nvidia module is not loaded"

@@ -11,9 +11,10 @@ it writes the driver's lines to the journal as kernel messages, through
 Each fault is emitted at most once per boot: a marker `kmsg-<fault>` in $GPUREADY_LAB_RUN
 (default /run/gpuready-lab, a tmpfs that resets at reboot) records it.
 
-Lines, in the real driver's wording (public captures, e.g. leptonai/gpud Xid testdata and
-NVIDIA/gpu-operator issue 1146 as transcribed in fixtures research; the PCI address is the
-GPU's from hardware.json, lower-case, without the function):
+Lines, in the real driver's wording (public captures: Xid 79 with its companion
+"NVRM: GPU ...: GPU has fallen off the bus." line from nvidia-bug-report excerpts, Xid 48 from
+an NVIDIA/gpu-operator issue 1146 paste; the `pid='<unknown>', name=<unknown>` form matches
+fixtures/dmesg-xid; the PCI address is the GPU's from hardware.json, lower-case, no function):
   xid-79 (the last GPU, the one gpu-missing removes):
     NVRM: Xid (PCI:0000:db:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
     NVRM: GPU 0000:db:00.0: GPU has fallen off the bus.
