@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """gpuready lab simulator: `nvidia-ctk` and `nvidia-container-runtime` (container toolkit).
 
-The command is env GPUREADY_SIM_TOOL (nvidia-ctk | nvidia-container-runtime), the toolkit
+The command is env GPUREADY_SIM_TOOL (nvidia-ctk | nvidia-container-runtime |
+nvidia-container-runtime-hook, the last answering only --version), the toolkit
 version env GPUREADY_SIM_VERSION. The node is read on every call from $GPUREADY_LAB_HW
 (default /opt/gpuready-lab/hw)/{hardware,faults}.json, the loaded driver from
 $GPUREADY_LAB_RUN (default /run/gpuready-lab)/nvidia-module-version.
@@ -288,6 +289,12 @@ def main(argv: list[str]) -> int:
     version = os.environ.get("GPUREADY_SIM_VERSION", DEFAULT_VERSION)
     args = argv[1:]
     commit = f"commit: ({SIMULATOR})"
+    if tool == "nvidia-container-runtime-hook":
+        if "--version" in args or "-version" in args:
+            print(f"NVIDIA Container Runtime Hook version {version}\n{commit}")
+            return 0
+        _log("ERRO", f"{tool}: only --version is simulated ({SIMULATOR})")
+        return 1
     if tool == "nvidia-container-runtime":
         if "--version" in args or "-v" in args:
             print(f"NVIDIA Container Runtime version {version}\n{commit}\nspec: 1.2.0\n")
