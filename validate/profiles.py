@@ -254,11 +254,11 @@ def load_profile(
         source=src,
         hardware=Hardware(**hw),
         scratch_path=str(
-            ivars.get("gpuready_scratch_path", storage.get("scratch_path", "/var/tmp/gpuready"))
+            ivars.get("gpuready_scratch_path", storage.get("scratch_path", "/var/tmp"))
         ),
         checkpoint_path=str(
             ivars.get(
-                "gpuready_checkpoint_path", storage.get("checkpoint_path", "/var/tmp/gpuready")
+                "gpuready_checkpoint_path", storage.get("checkpoint_path", "/var/tmp")
             )
         ),
         drive_class=drive_class,

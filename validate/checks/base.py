@@ -1,0 +1,175 @@
+"""The check framework: a check is a stable id + the commands it needs + a parser + an
+evaluation against the node's profile, yielding :class:`Verdict` rows.
+
+Commands go through :class:`NodeContext`, which runs each tool once per node per run (the
+``nvidia-smi -q -x`` output serves every gpu.* check) and turns the ways a tool can fail into a
+:class:`ToolFailure` with a stable code. The runner turns a ToolFailure into an ``error`` (or,
+for a known node fault such as "driver not loaded", a ``fail``) row, and a
+:class:`~validate.transport.TransportError` into unreachable rows for every remaining check.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeVar
+
+from validate.inventory import Node
+from validate.model import CODE_EXIT, CODE_NOT_FOUND, CODE_PARSE, CODE_TIMEOUT, Status
+from validate.parsers import ParseError
+from validate.profiles import Band, Profile
+from validate.transport import CommandResult, Transport, TransportError
+
+T = TypeVar("T")
+
+# nvidia-smi's stdout, exit status 9, when the kernel module is not loaded (real capture:
+# fixtures/nvidia-smi-nodriver/).
+_NO_DRIVER = re.compile(r"couldn't communicate with the NVIDIA driver", re.IGNORECASE)
+CODE_DRIVER_NOT_LOADED = "gpu.driver.not_loaded"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One judged figure of a check: becomes one result row."""
+
+    metric: str
+    status: Status
+    code: str
+    detail: str = ""
+    value: float | None = None
+    unit: str = ""
+    warn: float | None = None
+    fail: float | None = None
+
+
+def judged(
+    metric: str, value: float, unit: str, band: Band, code: str, detail: str = ""
+) -> Verdict:
+    """A verdict for ``value`` against ``band``; ``code`` is used when it is not a pass."""
+    status = band.judge(value)
+    return Verdict(
+        metric,
+        status,
+        "ok" if status is Status.PASS else code,
+        detail,
+        value,
+        unit,
+        band.warn,
+        band.fail,
+    )
+
+
+def expect_equal(metric: str, got: object, want: object, code: str, detail: str = "") -> Verdict:
+    """pass when ``got == want`` else fail with ``code``; numbers also land in ``value``."""
+    ok = got == want
+    value = float(got) if isinstance(got, int | float) and not isinstance(got, bool) else None
+    text = detail or f"expected {want}, found {got}"
+    return Verdict(
+        metric,
+        Status.PASS if ok else Status.FAIL,
+        "ok" if ok else code,
+        "" if ok and not detail else text,
+        value,
+    )
+
+
+class ToolFailure(Exception):
+    """A command or its output could not give the check an answer.
+
+    ``status`` is ``error`` for tool trouble, or ``fail`` for a node fault the failure itself
+    proves (nvidia-smi cannot talk to the driver)."""
+
+    def __init__(self, code: str, detail: str, status: Status = Status.ERROR) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.status = status
+
+
+@dataclass
+class NodeContext:
+    """Everything a check may use on one node during one run."""
+
+    run_id: str
+    node: Node
+    profile: Profile
+    transport: Transport
+    default_timeout_s: float
+    _cache: dict[tuple[str, ...], CommandResult | TransportError] = field(default_factory=dict)
+
+    def run(
+        self, argv: Sequence[str], timeout: float | None = None, *, cached: bool = True
+    ) -> CommandResult:
+        """Run argv (once per node per run when ``cached``). Transport errors propagate, and a
+        cached transport error is raised again without retrying."""
+        key = tuple(argv)
+        if cached and key in self._cache:
+            hit = self._cache[key]
+            if isinstance(hit, TransportError):
+                raise hit
+            return hit
+        try:
+            result = self.transport.run(key, timeout or self.default_timeout_s)
+        except TransportError as exc:
+            if cached:
+                self._cache[key] = exc
+            raise
+        if cached:
+            self._cache[key] = result
+        return result
+
+    def output(
+        self,
+        argv: Sequence[str],
+        timeout: float | None = None,
+        *,
+        ok_rcs: tuple[int, ...] = (0,),
+        cached: bool = True,
+    ) -> CommandResult:
+        """Like :meth:`run`, but a timeout, a missing tool or an exit status outside
+        ``ok_rcs`` raises :class:`ToolFailure`."""
+        result = self.run(argv, timeout, cached=cached)
+        tool = result.argv[0] if result.argv else "?"
+        if result.timed_out:
+            raise ToolFailure(
+                CODE_TIMEOUT, f"{tool} killed after {result.duration_s:.1f}s (timeout)"
+            )
+        if result.rc in ok_rcs:
+            return result
+        if tool == "nvidia-smi" and _NO_DRIVER.search(result.stdout + result.stderr):
+            raise ToolFailure(
+                CODE_DRIVER_NOT_LOADED,
+                "nvidia-smi cannot communicate with the NVIDIA driver (module not loaded)",
+                Status.FAIL,
+            )
+        if result.rc == 127:
+            raise ToolFailure(CODE_NOT_FOUND, f"{tool}: command not found on the node")
+        tail = (result.stderr.strip() or result.stdout.strip())[-300:]
+        raise ToolFailure(CODE_EXIT, f"{tool} exited {result.rc}: {tail}")
+
+
+def parsed(parser: Callable[[str], T], text: str, what: str) -> T:
+    """``parser(text)``, with a ParseError turned into a ToolFailure naming ``what``."""
+    try:
+        return parser(text)
+    except ParseError as exc:
+        raise ToolFailure(CODE_PARSE, f"{what}: {exc}") from exc
+
+
+class Check(ABC):
+    """A validation with a stable id. Subclasses set ``id``, ``title`` and ``evaluate``."""
+
+    id: ClassVar[str]
+    title: ClassVar[str]
+    # Run order within a node: cheap queries first, long benchmarks last.
+    order: ClassVar[int] = 50
+
+    def skip_reason(self, ctx: NodeContext) -> str | None:
+        """Why this check does not apply to this node's profile (None: it applies)."""
+        return None
+
+    @abstractmethod
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        """Run commands through ``ctx`` and judge them. May raise ToolFailure/TransportError."""

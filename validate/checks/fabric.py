@@ -1,0 +1,67 @@
+"""fabric.ib: InfiniBand/RoCE ports active at the expected rate (``ibstat``).
+
+Rows: ``active_ports`` (ports Active+LinkUp against the profile's ``nic_count``; code
+``fabric.ib.port_down``) and ``min_rate_gbps`` (slowest active port against ``nic_rate_gbps``;
+code ``fabric.ib.rate_low``). Skipped for pools without RDMA NICs.
+"""
+
+from __future__ import annotations
+
+from validate.checks.base import Check, NodeContext, Verdict, parsed
+from validate.model import Status
+from validate.parsers import ibstat
+
+
+class FabricIb(Check):
+    id = "fabric.ib"
+    title = "InfiniBand ports active at rate"
+    order = 40
+
+    def skip_reason(self, ctx: NodeContext) -> str | None:
+        return "profile expects no RDMA NICs" if ctx.profile.hardware.nic_count == 0 else None
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        # ibstat exits 255 after an ibpanic but still prints the CAs it read.
+        out = ctx.output(("ibstat",), ok_rcs=(0, 255)).stdout
+        report = parsed(ibstat.parse_report, out, "ibstat")
+        hw = ctx.profile.hardware
+        return judge_ib(report, hw.nic_count, hw.nic_rate_gbps)
+
+
+def judge_ib(report: ibstat.IbstatReport, nic_count: int, rate_gbps: float) -> list[Verdict]:
+    """Active ports vs ``nic_count`` and the slowest active port vs ``rate_gbps``."""
+    ports = [(ca.name, p) for ca in report.cas for p in ca.ports]
+    up = [(n, p) for n, p in ports if p.state == "Active" and p.physical_state == "LinkUp"]
+    down = [f"{n}/{p.number}: {p.state}/{p.physical_state}" for n, p in ports if (n, p) not in up]
+    down += list(report.errors)
+    count_ok = len(up) >= nic_count
+    out = [
+        Verdict(
+            "active_ports",
+            Status.PASS if count_ok else Status.FAIL,
+            "ok" if count_ok else "fabric.ib.port_down",
+            "; ".join(down),
+            float(len(up)),
+            "ports",
+            None,
+            float(nic_count),
+        )
+    ]
+    slow = [f"{n}/{p.number}: {p.rate_gbps:g}" for n, p in up if p.rate_gbps < rate_gbps]
+    rate = min((p.rate_gbps for _, p in up), default=0.0)
+    out.append(
+        Verdict(
+            "min_rate_gbps",
+            Status.FAIL if slow or not up else Status.PASS,
+            "fabric.ib.rate_low" if slow or not up else "ok",
+            "; ".join(slow),
+            rate,
+            "Gb/s",
+            None,
+            float(rate_gbps),
+        )
+    )
+    return out
+
+
+CHECKS: tuple[Check, ...] = (FabricIb(),)

@@ -1,0 +1,544 @@
+"""gpu.* checks. One ``nvidia-smi -q -x`` per node serves count, model, memory, driver, ecc,
+pcie, persistence and throttle; topology and NVLink use ``topo -m`` and ``nvlink -s``; Xid
+events come from the kernel log through journalctl.
+
+Codes: ``gpu.count.missing``/``gpu.count.extra``, ``gpu.model.mismatch``,
+``gpu.memory.mismatch``, ``gpu.driver.version_mismatch``/``gpu.driver.not_loaded``,
+``gpu.ecc.{uncorrectable,correctable,remap_pending,remap_failure,retired_pending}``,
+``gpu.pcie.{degraded,below_spec}``, ``gpu.nvlink.down``, ``gpu.topology.{gpu_count,no_nvlink,
+unexpected_nvlink,nic_far}``, ``gpu.persistence.disabled``, ``gpu.xid.<code>``,
+``gpu.throttle.<reason>``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from validate.checks.base import Check, NodeContext, Verdict, expect_equal, judged, parsed
+from validate.model import Status, worst
+from validate.parsers import nvidia_smi_nvlink, nvidia_smi_topo, nvidia_smi_xml, xid
+from validate.parsers.nvidia_smi_model import GpuInfo, NvidiaSmiLog
+from validate.profiles import Band
+from validate.xid_catalog import lookup
+
+NVSMI_XML = ("nvidia-smi", "-q", "-x")
+NVSMI_TOPO = ("nvidia-smi", "topo", "-m")
+NVSMI_NVLINK = ("nvidia-smi", "nvlink", "-s")
+
+
+def smi_log(ctx: NodeContext) -> NvidiaSmiLog:
+    """The node's ``nvidia-smi -q -x``, run once per node per run."""
+    return parsed(nvidia_smi_xml.parse, ctx.output(NVSMI_XML).stdout, "nvidia-smi -q -x")
+
+
+def _gpu_label(gpu: GpuInfo) -> str:
+    return f"GPU{gpu.index}({gpu.pci_bus_id or '?'})"
+
+
+class GpuCount(Check):
+    id = "gpu.count"
+    title = "GPUs visible to the driver"
+    order = 10
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        return judge_count(smi_log(ctx), ctx.profile.hardware.gpu_count)
+
+
+def judge_count(log: NvidiaSmiLog, expected: int) -> list[Verdict]:
+    """One row: the number of GPUs nvidia-smi lists against the profile."""
+    found = len(log.gpus)
+    code = "gpu.count.missing" if found < expected else "gpu.count.extra"
+    return [expect_equal("gpu_count", found, expected, code)]
+
+
+class GpuModel(Check):
+    id = "gpu.model"
+    title = "GPU product name"
+    order = 11
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        return judge_model(smi_log(ctx), ctx.profile.hardware.gpu_model)
+
+
+def judge_model(log: NvidiaSmiLog, expected: str) -> list[Verdict]:
+    """One row: every GPU's product name equals the profile's model."""
+    wrong = [f"{_gpu_label(g)}={g.name}" for g in log.gpus if g.name != expected]
+    if wrong:
+        return [
+            Verdict(
+                "gpu_model",
+                Status.FAIL,
+                "gpu.model.mismatch",
+                f"expected {expected}: " + ", ".join(wrong),
+            )
+        ]
+    return [Verdict("gpu_model", Status.PASS, "ok", expected)]
+
+
+class GpuMemory(Check):
+    id = "gpu.memory"
+    title = "GPU framebuffer size"
+    order = 12
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        return judge_memory(smi_log(ctx), ctx.profile.hardware.gpu_memory_mib)
+
+
+def judge_memory(log: NvidiaSmiLog, expected_mib: int) -> list[Verdict]:
+    """One row: smallest FB total (MiB); any GPU differing from the profile fails."""
+    totals = [(g, g.memory_total_mib) for g in log.gpus]
+    wrong = [f"{_gpu_label(g)}={m}" for g, m in totals if m != expected_mib]
+    known = [m for _, m in totals if m is not None]
+    value = float(min(known)) if known else None
+    if wrong:
+        return [
+            Verdict(
+                "memory_total_mib",
+                Status.FAIL,
+                "gpu.memory.mismatch",
+                f"expected {expected_mib} MiB: " + ", ".join(wrong),
+                value,
+                "MiB",
+            )
+        ]
+    return [Verdict("memory_total_mib", Status.PASS, "ok", "", value, "MiB")]
+
+
+class GpuDriver(Check):
+    id = "gpu.driver"
+    title = "Driver version equals the inventory pin"
+    order = 5
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        pin = ctx.node.vars.get("nvidia_driver_version")
+        return judge_driver(smi_log(ctx), str(pin) if pin else None)
+
+
+def judge_driver(log: NvidiaSmiLog, pin: str | None) -> list[Verdict]:
+    """One row: the running driver's version against ``nvidia_driver_version``."""
+    if pin is None:
+        return [
+            Verdict(
+                "driver_version",
+                Status.SKIP,
+                "gpu.driver.no_pin",
+                f"nvidia_driver_version not set; running {log.driver_version}",
+            )
+        ]
+    if log.driver_version == pin:
+        return [Verdict("driver_version", Status.PASS, "ok", pin)]
+    return [
+        Verdict(
+            "driver_version",
+            Status.FAIL,
+            "gpu.driver.version_mismatch",
+            f"running {log.driver_version}, inventory pins {pin}",
+        )
+    ]
+
+
+class GpuEcc(Check):
+    id = "gpu.ecc"
+    title = "ECC errors, remapped rows, retired pages"
+    order = 13
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        bands = {metric: ctx.profile.band(f"ecc.{metric}") for metric, _, _ in _ECC_METRICS}
+        return judge_ecc(smi_log(ctx), bands)
+
+
+_ECC_METRICS: tuple[tuple[str, str, Callable[[GpuInfo], float | None]], ...] = (
+    (
+        "uncorrectable_volatile",
+        "gpu.ecc.uncorrectable",
+        lambda g: None if g.ecc is None else g.ecc.volatile_uncorrectable,
+    ),
+    (
+        "correctable_volatile",
+        "gpu.ecc.correctable",
+        lambda g: None if g.ecc is None else g.ecc.volatile_correctable,
+    ),
+    (
+        "remapped_rows_pending",
+        "gpu.ecc.remap_pending",
+        lambda g: (
+            None
+            if g.remapped_rows is None or g.remapped_rows.pending is None
+            else float(g.remapped_rows.pending)
+        ),
+    ),
+    (
+        "remapped_rows_failure",
+        "gpu.ecc.remap_failure",
+        lambda g: (
+            None
+            if g.remapped_rows is None or g.remapped_rows.failure is None
+            else float(g.remapped_rows.failure)
+        ),
+    ),
+    (
+        "retired_pages_pending",
+        "gpu.ecc.retired_pending",
+        lambda g: (
+            None
+            if g.retired_pages is None or g.retired_pages.pending is None
+            else float(g.retired_pages.pending)
+        ),
+    ),
+)
+
+
+def judge_ecc(log: NvidiaSmiLog, bands: Mapping[str, Band]) -> list[Verdict]:
+    """One row per ECC metric (value = worst GPU); a metric no GPU reports is ``skip``
+    (e.g. remapped rows on pre-Ampere GPUs, which retire pages instead)."""
+    out: list[Verdict] = []
+    for metric, code, get in _ECC_METRICS:
+        band = bands[metric]
+        per_gpu = [(g, get(g)) for g in log.gpus]
+        known = [(g, v) for g, v in per_gpu if v is not None]
+        if not known:
+            out.append(Verdict(metric, Status.SKIP, "ok", "not reported by this GPU/driver"))
+            continue
+        value = max(v for _, v in known)
+        bad = [f"{_gpu_label(g)}={v:g}" for g, v in known if band.judge(v) is not Status.PASS]
+        out.append(judged(metric, value, "count", band, code, ", ".join(bad)))
+    return out
+
+
+class GpuPcie(Check):
+    id = "gpu.pcie"
+    title = "PCIe link at full generation and width"
+    order = 14
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        hw = ctx.profile.hardware
+        return judge_pcie(smi_log(ctx), hw.pcie_gen, hw.pcie_width)
+
+
+def judge_pcie(log: NvidiaSmiLog, spec_gen: int, spec_width: int) -> list[Verdict]:
+    """Rows ``pcie_width`` and ``pcie_gen`` (value = worst current). Current below the GPU's
+    max fails; a max below the profile's spec fails; a gen downshift on an idle GPU only warns,
+    since some GPUs lower the link speed at idle."""
+    widths: list[str] = []
+    gens: list[str] = []
+    idle_only = True
+    for g in log.gpus:
+        if (
+            g.pcie_width_current is not None
+            and g.pcie_width_max is not None
+            and (g.pcie_width_current < g.pcie_width_max or g.pcie_width_max < spec_width)
+        ):
+            widths.append(f"{_gpu_label(g)} x{g.pcie_width_current}/x{g.pcie_width_max}")
+        if (
+            g.pcie_gen_current is not None
+            and g.pcie_gen_max is not None
+            and (g.pcie_gen_current < g.pcie_gen_max or g.pcie_gen_max < spec_gen)
+        ):
+            gens.append(f"{_gpu_label(g)} gen{g.pcie_gen_current}/gen{g.pcie_gen_max}")
+            if "gpu_idle" not in g.clock_event_reasons_active or g.pcie_gen_max < spec_gen:
+                idle_only = False
+    cur_w = [g.pcie_width_current for g in log.gpus if g.pcie_width_current is not None]
+    cur_g = [g.pcie_gen_current for g in log.gpus if g.pcie_gen_current is not None]
+    out = [
+        Verdict(
+            "pcie_width",
+            Status.FAIL if widths else Status.PASS,
+            "gpu.pcie.degraded" if widths else "ok",
+            "; ".join(widths),
+            float(min(cur_w)) if cur_w else None,
+            "lanes",
+            None,
+            float(spec_width),
+        ),
+    ]
+    gen_status = Status.PASS if not gens else (Status.WARN if idle_only else Status.FAIL)
+    out.append(
+        Verdict(
+            "pcie_gen",
+            gen_status,
+            "ok" if not gens else "gpu.pcie.degraded",
+            "; ".join(gens) + (" (GPU idle: rerun under load)" if gens and idle_only else ""),
+            float(min(cur_g)) if cur_g else None,
+            "gen",
+            None,
+            float(spec_gen),
+        )
+    )
+    return out
+
+
+class GpuPersistence(Check):
+    id = "gpu.persistence"
+    title = "Persistence mode enabled"
+    order = 15
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        return judge_persistence(smi_log(ctx))
+
+
+def judge_persistence(log: NvidiaSmiLog) -> list[Verdict]:
+    """One row: every GPU in persistence mode (value = GPUs without it)."""
+    off = [_gpu_label(g) for g in log.gpus if g.persistence_mode != "Enabled"]
+    return [
+        Verdict(
+            "persistence_disabled_gpus",
+            Status.FAIL if off else Status.PASS,
+            "gpu.persistence.disabled" if off else "ok",
+            ", ".join(off),
+            float(len(off)),
+            "gpus",
+        )
+    ]
+
+
+class GpuThrottle(Check):
+    id = "gpu.throttle"
+    title = "Active clock event (throttle) reasons"
+    order = 16
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        p = ctx.profile
+        return judge_throttle(
+            smi_log(ctx),
+            p.value("throttle.fail_reasons", list),
+            p.value("throttle.warn_reasons", list),
+        )
+
+
+def judge_throttle(
+    log: NvidiaSmiLog, fail_reasons: list[str], warn_reasons: list[str]
+) -> list[Verdict]:
+    """One row: worst active reason across GPUs; code ``gpu.throttle.<reason>``."""
+    hits: list[tuple[Status, str, str]] = []
+    for g in log.gpus:
+        for reason in g.clock_event_reasons_active:
+            if reason in fail_reasons:
+                hits.append((Status.FAIL, reason, _gpu_label(g)))
+            elif reason in warn_reasons:
+                hits.append((Status.WARN, reason, _gpu_label(g)))
+    if not hits:
+        return [Verdict("throttle_reasons", Status.PASS, "ok", "", 0.0, "gpus")]
+    status = worst([h[0] for h in hits])
+    reason = next(h[1] for h in hits if h[0] is status)
+    detail = ", ".join(f"{gpu}: {r}" for _, r, gpu in hits)
+    gpus = len({h[2] for h in hits})
+    return [
+        Verdict("throttle_reasons", status, f"gpu.throttle.{reason}", detail, float(gpus), "gpus")
+    ]
+
+
+class GpuNvlink(Check):
+    id = "gpu.nvlink"
+    title = "Active NVLinks per GPU"
+    order = 20
+
+    def skip_reason(self, ctx: NodeContext) -> str | None:
+        return "profile has no NVLink" if ctx.profile.hardware.nvlinks_per_gpu == 0 else None
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        text = ctx.output(NVSMI_NVLINK).stdout
+        gpus = parsed(nvidia_smi_nvlink.parse, text, "nvidia-smi nvlink -s")
+        return judge_nvlink(
+            gpus, ctx.profile.hardware.nvlinks_per_gpu, ctx.profile.hardware.gpu_count
+        )
+
+
+def judge_nvlink(
+    gpus: tuple[nvidia_smi_nvlink.GpuNvlinks, ...], per_gpu: int, gpu_count: int
+) -> list[Verdict]:
+    """One row: fewest active links on any GPU, against the profile's links per GPU."""
+    if not gpus:
+        return [
+            Verdict(
+                "nvlinks_active_min",
+                Status.FAIL,
+                "gpu.nvlink.down",
+                f"no NVLink reported; expected {per_gpu} per GPU",
+                0.0,
+                "links",
+                None,
+                float(per_gpu),
+            )
+        ]
+    short = [
+        f"GPU{g.index} {g.active_links}/{per_gpu}" + (f" ({g.status})" if g.status != "ok" else "")
+        for g in gpus
+        if g.active_links < per_gpu
+    ]
+    value = float(min(g.active_links for g in gpus))
+    if short:
+        return [
+            Verdict(
+                "nvlinks_active_min",
+                Status.FAIL,
+                "gpu.nvlink.down",
+                ", ".join(short),
+                value,
+                "links",
+                None,
+                float(per_gpu),
+            )
+        ]
+    return [
+        Verdict(
+            "nvlinks_active_min",
+            Status.PASS,
+            "ok",
+            f"{len(gpus)} GPUs",
+            value,
+            "links",
+            None,
+            float(per_gpu),
+        )
+    ]
+
+
+class GpuTopology(Check):
+    id = "gpu.topology"
+    title = "topo -m matrix matches the pool topology"
+    order = 21
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        text = ctx.output(NVSMI_TOPO).stdout
+        matrix = parsed(nvidia_smi_topo.parse, text, "nvidia-smi topo -m")
+        hw = ctx.profile.hardware
+        return judge_topology(matrix, hw.gpu_count, hw.nvlinks_per_gpu > 0, hw.nic_count)
+
+
+def judge_topology(
+    matrix: nvidia_smi_topo.TopoMatrix, gpu_count: int, nvlink: bool, nic_count: int
+) -> list[Verdict]:
+    """Rows: ``gpus_in_matrix``; ``pairs_without_nvlink`` (NVLink pools: every GPU pair has
+    NV#) or ``pairs_with_nvlink`` (PCIe pools: none has); ``gpus_without_near_nic`` for pools
+    with RDMA NICs (each GPU should share a PCIe switch, PIX/PXB, with a NIC for GPUDirect)."""
+    gpus = matrix.gpus
+    out = [expect_equal("gpus_in_matrix", len(gpus), gpu_count, "gpu.topology.gpu_count")]
+    pairs = [(a.name, b.name) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+    if nvlink:
+        missing = [
+            f"{a}-{b}:{matrix.link(a, b)}" for a, b in pairs if matrix.nvlink_count(a, b) == 0
+        ]
+        out.append(
+            Verdict(
+                "pairs_without_nvlink",
+                Status.FAIL if missing else Status.PASS,
+                "gpu.topology.no_nvlink" if missing else "ok",
+                ", ".join(missing[:8]),
+                float(len(missing)),
+                "pairs",
+            )
+        )
+    else:
+        extra = [f"{a}-{b}" for a, b in pairs if matrix.nvlink_count(a, b) > 0]
+        out.append(
+            Verdict(
+                "pairs_with_nvlink",
+                Status.WARN if extra else Status.PASS,
+                "gpu.topology.unexpected_nvlink" if extra else "ok",
+                ", ".join(extra[:8]),
+                float(len(extra)),
+                "pairs",
+            )
+        )
+    if nic_count > 0:
+        far = [
+            g.name
+            for g in gpus
+            if not any(matrix.link(g.name, n.name) in ("PIX", "PXB") for n in matrix.nics)
+        ]
+        out.append(
+            Verdict(
+                "gpus_without_near_nic",
+                Status.WARN if far else Status.PASS,
+                "gpu.topology.nic_far" if far else "ok",
+                ", ".join(far),
+                float(len(far)),
+                "gpus",
+            )
+        )
+    return out
+
+
+class GpuXid(Check):
+    id = "gpu.xid"
+    title = "Xid events in the kernel log"
+    order = 30
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        window = ctx.profile.value("xid.window", str)
+        if "gpuready_xid_window" in ctx.node.vars:
+            window = str(ctx.node.vars["gpuready_xid_window"])
+        argv = (
+            "journalctl",
+            "--no-pager",
+            "-o",
+            "short-iso",
+            "SYSLOG_IDENTIFIER=kernel",
+            "--since",
+            window,
+        )
+        events = parsed(xid.parse, ctx.output(argv).stdout, "journalctl (kernel log)")
+        p = ctx.profile
+        return judge_xid(
+            events,
+            window,
+            p.value("xid.fail_codes", list),
+            p.value("xid.warn_codes", list),
+            p.value("xid.ignore_codes", list),
+            p.value("xid.severity_status", dict),
+        )
+
+
+def judge_xid(
+    events: tuple[xid.XidEvent, ...],
+    window: str,
+    fail_codes: list[int],
+    warn_codes: list[int],
+    ignore_codes: list[int],
+    severity_status: dict[str, str],
+) -> list[Verdict]:
+    """One row per distinct Xid code (value = events, detail = GPUs, meaning and action), or
+    one passing ``xid_events`` row when the window holds none."""
+    if not events:
+        return [Verdict("xid_events", Status.PASS, "ok", f"none since {window}", 0.0, "events")]
+    counts = Counter(e.xid for e in events)
+    out: list[Verdict] = []
+    for code in sorted(counts):
+        info = lookup(code)
+        if code in ignore_codes:
+            status = Status.PASS
+        elif code in fail_codes:
+            status = Status.FAIL
+        elif code in warn_codes:
+            status = Status.WARN
+        else:
+            status = Status(severity_status.get(info.severity, "warn"))
+        buses = sorted({e.pci_bus_id for e in events if e.xid == code})
+        detail = f"{info.severity}: {info.summary} on {', '.join(buses)}; action: {info.action}"
+        out.append(
+            Verdict(
+                f"xid_{code}",
+                status,
+                "ok" if status is Status.PASS else f"gpu.xid.{code}",
+                detail,
+                float(counts[code]),
+                "events",
+            )
+        )
+    return out
+
+
+CHECKS: tuple[Check, ...] = (
+    GpuDriver(),
+    GpuCount(),
+    GpuModel(),
+    GpuMemory(),
+    GpuEcc(),
+    GpuPcie(),
+    GpuPersistence(),
+    GpuThrottle(),
+    GpuNvlink(),
+    GpuTopology(),
+    GpuXid(),
+)

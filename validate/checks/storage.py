@@ -1,0 +1,284 @@
+"""storage.fio and storage.checkpoint: disk checks that write only what they create.
+
+Safety rules (the same for both checks):
+
+- The configured path (``gpuready_scratch_path`` / ``gpuready_checkpoint_path``, else the
+  profile's ``storage`` block) must be an absolute, normalised directory that is not ``/`` and
+  not under /dev, /proc, /sys or /run. It is validated here before anything is sent, and again
+  on the node: a block device, a non-directory or a symlink is refused.
+- Each run creates one new subdirectory ``<path>/gpuready-<check>-<run>-<token>`` with
+  ``mkdir`` (which fails if it exists, so nothing pre-existing is ever touched) and writes its
+  files only there.
+- Free space is checked with ``df`` first (size x 1.1 plus 256 MiB headroom).
+- The subdirectory is removed by a shell ``trap`` on exit/INT/TERM/HUP and, because the
+  wall-clock kill (SIGKILL) cannot be trapped, again by a separate cleanup command from a local
+  ``finally``.
+
+storage.fio rows: ``seq_write_mibps``, ``seq_read_mibps`` (1 MiB blocks, QD16) and
+``randread_4k_iops`` (QD32), from ``fio --output-format=json``; bands per drive class.
+storage.checkpoint rows: ``write_gbps``/``read_gbps`` (value) with seconds in the detail.
+Codes: ``storage.fio.<metric>_low``, ``storage.checkpoint.{write,read}_slow``,
+``storage.path_refused``, ``storage.no_space``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import secrets
+import shlex
+from collections.abc import Mapping
+
+from validate.checks.base import Check, NodeContext, ToolFailure, Verdict, judged, parsed
+from validate.model import CODE_PARSE, Status
+from validate.parsers import fio
+from validate.profiles import Band
+
+_FORBIDDEN_ROOTS = ("/dev", "/proc", "/sys", "/run")
+# Exit statuses of the guard script, mapped to codes.
+_RC_REFUSED = 65
+_RC_NO_SPACE = 67
+
+
+def safe_base(path: str) -> str:
+    """The validated scratch path, or ToolFailure(storage.path_refused)."""
+    norm = posixpath.normpath(path) if path else ""
+    if (
+        not path.startswith("/")
+        or norm != path.rstrip("/")
+        or norm == "/"
+        or any(norm == r or norm.startswith(r + "/") for r in _FORBIDDEN_ROOTS)
+    ):
+        raise ToolFailure(
+            "storage.path_refused",
+            f"refusing scratch path {path!r}: need an absolute, normalised "
+            "directory outside /, /dev, /proc, /sys, /run",
+            Status.ERROR,
+        )
+    return norm
+
+
+def work_dir(base: str, check: str, run_id: str) -> str:
+    """A fresh subdirectory name under ``base`` for one check on one run."""
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:40]
+    return posixpath.join(base, f"gpuready-{check}-{tag}-{secrets.token_hex(4)}")
+
+
+def guarded_script(base: str, work: str, need_mib: int, body: list[list[str]]) -> str:
+    """A POSIX sh script: refuse bad paths, check space, mkdir ``work``, run ``body`` (argv
+    lists, each joined with shlex.join) with cleanup on every exit path."""
+    q = shlex.quote
+    need_kib = int(need_mib * 1024 * 1.1) + 256 * 1024
+    lines = [
+        "set -u",
+        f"base={q(base)}; work={q(work)}; made=0",
+        'cleanup() { if [ "$made" = 1 ]; then rm -rf -- "$work"; fi; }',
+        "trap cleanup EXIT",
+        "trap 'exit 130' INT TERM HUP",
+        f'if [ -b "$base" ] || [ -L "$base" ] || [ ! -d "$base" ]; then '
+        f'echo "gpuready: refusing $base: not a plain directory" >&2; exit {_RC_REFUSED}; fi',
+        "avail=$(df -Pk -- \"$base\" | awk 'NR==2 {print $4}')",
+        f'if [ -z "$avail" ] || [ "$avail" -lt {need_kib} ]; then '
+        f'echo "gpuready: $base has ${{avail:-?}} KiB free, need {need_kib}" >&2; '
+        f"exit {_RC_NO_SPACE}; fi",
+        'mkdir -m 0700 -- "$work" || exit 1',
+        "made=1",
+    ]
+    lines += [shlex.join(argv) + " || exit $?" for argv in body]
+    return "\n".join(lines) + "\n"
+
+
+def cleanup_argv(work: str) -> tuple[str, ...]:
+    """Removes ``work`` (and only it) if a killed script left it behind."""
+    return ("rm", "-rf", "--", work)
+
+
+def _run_guarded(
+    ctx: NodeContext,
+    check: str,
+    base: str,
+    need_mib: int,
+    body_for: list[list[str]],
+    work: str,
+    timeout: float,
+) -> str:
+    script = guarded_script(base, work, need_mib, body_for)
+    try:
+        result = ctx.run(("sh", "-c", script), timeout, cached=False)
+        if result.timed_out:
+            raise ToolFailure("tool.timeout", f"{check} killed after {result.duration_s:.0f}s")
+        if result.rc == _RC_REFUSED:
+            raise ToolFailure("storage.path_refused", result.stderr.strip()[-300:])
+        if result.rc == _RC_NO_SPACE:
+            raise ToolFailure("storage.no_space", result.stderr.strip()[-300:], Status.FAIL)
+        if result.rc != 0:
+            tail = (result.stderr.strip() or result.stdout.strip())[-300:]
+            code = "tool.not_found" if result.rc == 127 else "tool.exit_nonzero"
+            raise ToolFailure(code, f"{check} exited {result.rc}: {tail}")
+        return result.stdout
+    finally:
+        # The trap cannot run after SIGKILL; this makes sure nothing stays behind.
+        ctx.run(cleanup_argv(work), 60, cached=False)
+
+
+def fio_argv(path: str, size_mib: int, runtime_s: int, ioengine: str, direct: int) -> list[str]:
+    """fio: sequential write, then sequential read, then 4k random read, one after another."""
+    return [
+        "fio",
+        "--output-format=json",
+        f"--filename={path}",
+        f"--size={size_mib}M",
+        f"--ioengine={ioengine}",
+        f"--direct={direct}",
+        f"--runtime={runtime_s}",
+        "--name=seq_write",
+        "--rw=write",
+        "--bs=1M",
+        "--iodepth=16",
+        "--name=seq_read",
+        "--stonewall",
+        "--rw=read",
+        "--bs=1M",
+        "--iodepth=16",
+        "--name=randread_4k",
+        "--stonewall",
+        "--rw=randread",
+        "--bs=4k",
+        "--iodepth=32",
+    ]
+
+
+class StorageFio(Check):
+    id = "storage.fio"
+    title = "Scratch disk bandwidth and IOPS (fio)"
+    order = 70
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        p = ctx.profile
+        base = safe_base(p.scratch_path)
+        size = int(ctx.node.vars.get("gpuready_fio_size_mib", p.value("fio.size_mib", int)))
+        work = work_dir(base, "fio", ctx.run_id)
+        argv = fio_argv(
+            posixpath.join(work, "fio.dat"),
+            size,
+            p.value("fio.runtime_s", int, 15),
+            p.value("fio.ioengine", str, "libaio"),
+            p.value("fio.direct", int, 1),
+        )
+        out = _run_guarded(
+            ctx, self.id, base, size, [argv], work, p.value("fio.timeout_s", float, 240.0)
+        )
+        run = parsed(fio.parse_json, out, "fio --output-format=json")
+        return judge_fio(run, {m: p.band(f"fio.{m}") for m in FIO_METRICS})
+
+
+FIO_METRICS = ("seq_write_mibps", "seq_read_mibps", "randread_4k_iops")
+
+
+def judge_fio(run: fio.FioRun, bands: Mapping[str, Band]) -> list[Verdict]:
+    """Rows for the three fio jobs; a job fio reports an error for is an error row."""
+    jobs = {j.name: j for j in run.jobs}
+    figures: dict[str, tuple[str, float, str]] = {}
+    for metric, job, unit in (
+        ("seq_write_mibps", "seq_write", "MiB/s"),
+        ("seq_read_mibps", "seq_read", "MiB/s"),
+        ("randread_4k_iops", "randread_4k", "IOPS"),
+    ):
+        if job not in jobs:
+            raise ToolFailure(CODE_PARSE, f"fio output has no job {job!r}")
+        j = jobs[job]
+        if j.error:
+            raise ToolFailure("tool.exit_nonzero", f"fio job {job} failed with error {j.error}")
+        if metric == "seq_write_mibps":
+            figures[metric] = (job, j.write.bw_bytes_per_s / 2**20, unit)
+        elif metric == "seq_read_mibps":
+            figures[metric] = (job, j.read.bw_bytes_per_s / 2**20, unit)
+        else:
+            figures[metric] = (job, j.read.iops, unit)
+    out = []
+    for metric, (job, value, unit) in figures.items():
+        band = bands[metric]
+        out.append(
+            judged(
+                metric,
+                round(value, 2),
+                unit,
+                band,
+                f"storage.fio.{metric}_low",
+                f"job {job}, {run.version}",
+            )
+        )
+    return out
+
+
+class StorageCheckpoint(Check):
+    id = "storage.checkpoint"
+    title = "Checkpoint-sized write and read-back"
+    order = 75
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        p = ctx.profile
+        base = safe_base(p.checkpoint_path)
+        size = int(
+            ctx.node.vars.get("gpuready_checkpoint_size_mib", p.value("checkpoint.size_mib", int))
+        )
+        work = work_dir(base, "checkpoint", ctx.run_id)
+        f = posixpath.join(work, "checkpoint.bin")
+        # /dev/zero is compressible: on compressing filesystems the figure is optimistic.
+        # The read uses O_DIRECT so that the page cache the write just filled is not measured.
+        body = [
+            [
+                "sh",
+                "-c",
+                't0=$(date +%s%N); dd if=/dev/zero of="$1" bs=1M count="$2" '
+                'conv=fsync status=none; t1=$(date +%s%N); echo "write_ns=$((t1-t0))"',
+                "ckpt-write",
+                f,
+                str(size),
+            ],
+            [
+                "sh",
+                "-c",
+                't0=$(date +%s%N); dd if="$1" of=/dev/null bs=1M iflag=direct '
+                'status=none 2>/dev/null || dd if="$1" of=/dev/null bs=1M status=none; '
+                't1=$(date +%s%N); echo "read_ns=$((t1-t0))"',
+                "ckpt-read",
+                f,
+            ],
+        ]
+        out = _run_guarded(
+            ctx, self.id, base, size, body, work, p.value("checkpoint.timeout_s", float, 300.0)
+        )
+        return judge_checkpoint(
+            out, size, p.band("checkpoint.write_gbps"), p.band("checkpoint.read_gbps")
+        )
+
+
+def judge_checkpoint(
+    stdout: str, size_mib: int, write_band: Band, read_band: Band
+) -> list[Verdict]:
+    """Rows ``write_gbps``/``read_gbps`` (GB/s = 1e9 bytes/s) from the script's timings."""
+    found = dict(re.findall(r"^(write_ns|read_ns)=(\d+)$", stdout, re.MULTILINE))
+    if set(found) != {"write_ns", "read_ns"}:
+        raise ToolFailure(CODE_PARSE, f"checkpoint timings missing in {stdout.strip()[:200]!r}")
+    size_bytes = size_mib * 2**20
+    out = []
+    for metric, key, band in (
+        ("write_gbps", "write_ns", write_band),
+        ("read_gbps", "read_ns", read_band),
+    ):
+        seconds = max(int(found[key]) / 1e9, 1e-9)
+        out.append(
+            judged(
+                metric,
+                round(size_bytes / seconds / 1e9, 3),
+                "GB/s",
+                band,
+                f"storage.checkpoint.{metric.split('_')[0]}_slow",
+                f"{size_mib} MiB in {seconds:.2f} s",
+            )
+        )
+    return out
+
+
+CHECKS: tuple[Check, ...] = (StorageFio(), StorageCheckpoint())
