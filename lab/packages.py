@@ -101,7 +101,8 @@ Description=NVIDIA Persistence Daemon (gpuready lab simulator)
 Wants=syslog.target
 
 [Service]
-Type=simple
+Type=forking
+PIDFile=/var/run/nvidia-persistenced/nvidia-persistenced.pid
 ExecStart=/usr/bin/nvidia-persistenced --verbose
 ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
 
@@ -116,7 +117,7 @@ After=network-online.target
 [Service]
 User=root
 PrivateTmp=false
-Type=simple
+Type=forking
 ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
 LimitCORE=infinity
 
@@ -169,6 +170,7 @@ REPOS = (CUDA, TOOLKIT, KUBERNETES, EXTRAS)
 DRIVERS = (("535", "535.161.08"), ("550", "550.54.15"), ("550", "550.90.07"))
 TOOLKITS = ("1.16.2", "1.17.3")
 KUBE = ("1.30.4", "1.30.5")
+NCCL_TESTS = ("2.13.10", "2.17.1")
 
 
 def _driver_packages(branch: str, upstream: str) -> list[Package]:
@@ -261,11 +263,12 @@ def all_packages() -> list[Package]:
                         files=(File("/opt/cni/bin/README.gpuready-lab",
                                     "Simulated package: no CNI plugins are included.\n"),)))
     nccl_tools = ("all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "alltoall_perf")
-    pkgs.append(Package(
-        EXTRAS, "nccl-tests", "2.13.10-1", "NCCL performance tests (site build)",
-        depends=("libnccl2",),
-        files=tuple(_bin(f"/usr/bin/{tool}", tool, "all_reduce_perf.py", "2.13.10")
-                    for tool in nccl_tools)))
+    for upstream in NCCL_TESTS:  # -J (JSON output) exists from 2.17 on
+        pkgs.append(Package(
+            EXTRAS, "nccl-tests", f"{upstream}-1", "NCCL performance tests (site build)",
+            depends=("libnccl2",),
+            files=tuple(_bin(f"/usr/bin/{tool}", tool, "all_reduce_perf.py", upstream)
+                        for tool in nccl_tools)))
     pkgs.append(Package(
         EXTRAS, "infiniband-diags", "2410mlnx54-1.2410068", "InfiniBand diagnostic programs "
         "(MLNX_OFED)",

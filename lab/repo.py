@@ -101,6 +101,16 @@ def _release(paths: LabPaths, repo_dir: Path, label: str) -> None:
 
 def ensure_repo(paths: LabPaths) -> Path:
     """Build the repositories if their recipe changed; return the directory to serve."""
+    try:
+        return _ensure_repo(paths)
+    finally:
+        # gpg starts an agent for the signing key: end it, the lab leaves nothing running.
+        if paths.gnupg.exists():
+            subprocess.run(["gpgconf", "--homedir", str(paths.gnupg), "--kill", "all"],
+                           capture_output=True, check=False)
+
+
+def _ensure_repo(paths: LabPaths) -> Path:
     stamp = paths.repo_dir / ".recipe"
     keyring = ensure_key(paths)
     if stamp.exists() and stamp.read_text() == _recipe_hash():
@@ -134,6 +144,9 @@ def repo_url(port: int, repo: str = "") -> str:
 def start_server(paths: LabPaths, port: int) -> int:
     """Serve the repositories on 127.0.0.1:port; return the server's pid."""
     with socket.socket() as probe:
+        # SO_REUSEADDR as http.server itself sets it: a just-stopped lab's TIME_WAIT sockets
+        # must not look like another server on the port.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as exc:

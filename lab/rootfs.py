@@ -59,6 +59,14 @@ RemainAfterExit=yes
 WantedBy=multi-user.target
 """
 
+# systemd-nspawn must leave CAP_SYS_ADMIN to the host's init, so logins (SSH: everything Ansible,
+# testinfra and the validators do) run without it: they cannot mount, remount /proc/sys
+# read-write or load modules, and so cannot change the machine the lab runs on.
+SSHD_DROPIN = """\
+[Service]
+CapabilityBoundingSet=~CAP_SYS_ADMIN CAP_SYS_MODULE CAP_SYS_RAWIO CAP_SYS_TIME CAP_MKNOD
+"""
+
 # Timers that would take the dpkg lock in the middle of a converge on a freshly booted host.
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer",
                 "fstrim.timer", "systemd-timesyncd.service")
@@ -73,6 +81,7 @@ def recipe() -> dict[str, object]:
         "sshd": SSHD_CONF,
         "release": RELEASE_NOTE,
         "faults_unit": FAULTS_UNIT,
+        "sshd_dropin": SSHD_DROPIN,
         "masked": MASKED_UNITS,
         "version": 3,
     }
@@ -129,6 +138,8 @@ def _customise(root: Path) -> None:
     (root / "etc/gpuready-lab-release").write_text(RELEASE_NOTE)
     (root / "etc/motd").write_text(RELEASE_NOTE)
     unit_dir = root / "etc/systemd/system"
+    (unit_dir / "ssh.service.d").mkdir(parents=True, exist_ok=True)
+    (unit_dir / "ssh.service.d/10-gpuready-lab.conf").write_text(SSHD_DROPIN)
     (unit_dir / "gpuready-lab-faults.service").write_text(FAULTS_UNIT)
     wants = unit_dir / "multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)

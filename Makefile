@@ -1,0 +1,67 @@
+# gpuready: `make demo` runs the pipeline on the lab, `make test` runs lint + unit + lab tests.
+# Both do all their set-up themselves on a fresh Debian/Ubuntu machine as root.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Debian packages the lab needs on this machine (the lab hosts install their own).
+LAB_DEBS := debootstrap systemd-container dpkg-dev gnupg openssh-client util-linux iproute2
+STAMP_PY := $(VENV)/.installed-requirements
+STAMP_DEBS := .lab/.installed-debs
+PYTEST_ARGS ?=
+NODES ?= 8
+
+.PHONY: help setup lint unit lab-test test demo lab-up lab-down lab-status bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+setup: $(STAMP_PY) $(STAMP_DEBS) ## create .venv, install pinned Python deps and the lab's Debian packages
+
+$(STAMP_PY): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(STAMP_DEBS): Makefile
+	@if [ "$$(id -u)" != 0 ]; then echo "setup: the lab's Debian packages need root: sudo apt-get install $(LAB_DEBS)"; exit 2; fi
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(LAB_DEBS) >/dev/null
+	mkdir -p .lab && touch $@
+
+lint: $(STAMP_PY) ## ruff, mypy --strict (validate/), yamllint --strict, ansible-lint (production)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/yamllint --strict .
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint -q
+
+unit: $(STAMP_PY) ## unit tests (no root, no lab)
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+lab-test: setup ## lab tests: boot hosts, converge, validate, inject faults (root)
+	$(PY) -m pytest tests/lab -q $(PYTEST_ARGS)
+
+test: setup lint ## everything CI runs: lint, unit and lab tests
+	$(PY) -m pytest tests/unit tests/lab -q $(PYTEST_ARGS)
+
+lab-up: setup ## boot the lab (NODES=8, or FLEET=faults)
+	$(PY) -m lab up $(if $(FLEET),--fleet $(FLEET),--nodes $(NODES))
+
+lab-down: setup ## stop the lab; leaves nothing running or mounted
+	$(PY) -m lab down
+
+lab-status: ## show lab hosts, addresses, pools and faults
+	$(PY) -m lab status
+
+demo: setup ## the whole pipeline on the lab, ending with a pointer to the report
+	$(PY) -m lab.demo
+
+bench: setup ## benchmarks (bench/*.py), ratios against baselines run side by side
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+
+clean: lab-down ## stop the lab and remove generated reports (keeps the rootfs cache)
+	find reports -mindepth 1 -not -name README.md -exec rm -rf {} +

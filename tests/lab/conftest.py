@@ -1,0 +1,61 @@
+"""Lab fixtures: boot a fleet for a test module and always stop it again, even on failure."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab import core
+from lab.core import LabState
+from lab.paths import REPO_ROOT, LabPaths
+
+pytestmark = pytest.mark.lab
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/lab/" in str(item.fspath):
+            item.add_marker(pytest.mark.lab)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lab_prerequisites() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("lab tests need root (systemd-nspawn, overlay mounts): run `make test` as root")
+
+
+@contextlib.contextmanager
+def running_lab(**kwargs: object) -> Iterator[LabState]:
+    paths = LabPaths.default()
+    core.down(paths)  # a lab left by an interrupted run must not make this one fail
+    state = core.up(paths, log=False, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield state
+    finally:
+        core.down(paths)
+
+
+@pytest.fixture
+def lab_paths() -> LabPaths:
+    return LabPaths.default()
+
+
+def ssh(host_address: str, command: str, timeout: float = 60,
+        known_hosts: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """OpenSSH to a lab host as root with strict host key checking against the lab's file."""
+    paths = LabPaths.default()
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={known_hosts or paths.known_hosts}",
+            "-o", "ConnectTimeout=5", "-i", str(paths.ssh_key), f"root@{host_address}", command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def lab_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lab", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
