@@ -1,0 +1,221 @@
+"""``python -m validate``: run checks, parse a capture, or render a report again.
+
+One :func:`main` turns every exception into an :class:`~validate.model.ExitCode`; tests call it
+in-process with their own streams.
+
+    python -m validate run -i <inventory> [--limit PATTERN] [--checks IDS] [--out DIR]
+                           [--concurrency N] [--timeout S] [--accept-unknown-host-keys]
+    python -m validate parse <format> <file>     parsed records as JSON on stdout
+    python -m validate report <run-dir>          rebuild the report files from results
+    python -m validate checks                    list check ids
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from validate import checks as check_registry
+from validate import runner
+from validate.inventory import InventoryError, load
+from validate.model import ExitCode
+from validate.parsers import (
+    ParseError,
+    fio,
+    ibstat,
+    nccl,
+    nvidia_smi_csv,
+    nvidia_smi_nvlink,
+    nvidia_smi_q,
+    nvidia_smi_topo,
+    nvidia_smi_xml,
+    xid,
+)
+from validate.profiles import ProfileError
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "reports"
+
+PARSERS: dict[str, Callable[[str], Any]] = {
+    nvidia_smi_xml.FORMAT: nvidia_smi_xml.parse,
+    nvidia_smi_q.FORMAT: nvidia_smi_q.parse,
+    nvidia_smi_csv.FORMAT: nvidia_smi_csv.parse_query_gpu,
+    nvidia_smi_topo.FORMAT: nvidia_smi_topo.parse,
+    nvidia_smi_nvlink.FORMAT: nvidia_smi_nvlink.parse,
+    nccl.FORMAT: nccl.parse_text,
+    nccl.JSON_FORMAT: nccl.parse_json,
+    fio.FORMAT: fio.parse_json,
+    ibstat.FORMAT: ibstat.parse_report,
+    ibstat.IBSTATUS_FORMAT: ibstat.parse_ibstatus,
+    xid.FORMAT: xid.parse,
+}
+
+
+class _UsageError(Exception):
+    """argparse wanted to exit; carries its status."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        if message:
+            self._print_message(message, self._stderr)
+        raise _UsageError(status)
+
+    _stderr: TextIO = sys.stderr
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:
+            (file if file is not None and file is not sys.stderr else self._stderr).write(message)
+
+
+def _build_parser(stderr: TextIO) -> _Parser:
+    p = _Parser(prog="python -m validate", description="gpuready GPU node validators")
+    p._stderr = stderr
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="run checks on the inventory's GPU nodes")
+    r.add_argument("-i", "--inventory", required=True, type=Path)
+    r.add_argument("-l", "--limit", help="Ansible host pattern")
+    r.add_argument("--checks", help="comma-separated check ids or patterns (gpu.*)")
+    r.add_argument("--out", type=Path, default=DEFAULT_OUT, help="reports root directory")
+    r.add_argument("--concurrency", type=int, default=16)
+    r.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="default per-command timeout in seconds (benchmarks have their own)",
+    )
+    r.add_argument("--run-id", help="defaults to the UTC time")
+    r.add_argument(
+        "--accept-unknown-host-keys",
+        action="store_true",
+        help="trust host keys missing from known_hosts (never a changed key)",
+    )
+    ps = sub.add_parser("parse", help="parse a captured tool output and print JSON")
+    ps.add_argument("format", choices=sorted(PARSERS))
+    ps.add_argument("file", type=Path)
+    rp = sub.add_parser("report", help="render a run directory's report again")
+    rp.add_argument("run_dir", type=Path)
+    sub.add_parser("checks", help="list the check ids")
+    for sp in (r, ps, rp):
+        sp._stderr = stderr
+    return p
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Parser records (frozen dataclasses, tuples, datetimes, enums) as JSON-ready data."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, datetime | date):
+        return obj.isoformat()
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    return obj
+
+
+def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    from validate.report import write_report
+
+    if args.concurrency < 1 or args.timeout <= 0:
+        stderr.write("error: --concurrency must be >= 1 and --timeout > 0\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    selected = check_registry.select(args.checks)
+    nodes = load(args.inventory, args.limit)
+    if not nodes:
+        stderr.write(f"error: no GPU nodes in {args.inventory} match {args.limit!r}\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    run_id = args.run_id or runner.new_run_id()
+    stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes x {len(selected)} checks\n")
+
+    def progress(o: runner.NodeOutcome) -> None:
+        failed = f" ({' '.join(o.failed_checks)})" if o.failed_checks else ""
+        stderr.write(
+            f"[{o.done}/{o.total}] {o.node}: {o.status.value}{failed} {o.duration_s:.1f}s\n"
+        )
+        stderr.flush()
+
+    accept = bool(args.accept_unknown_host_keys)
+    rows = runner.run(
+        nodes,
+        selected,
+        run_id=run_id,
+        transport_for=lambda n: runner.default_transport(n, accept),
+        concurrency=args.concurrency,
+        default_timeout_s=args.timeout,
+        progress=progress,
+    )
+    report = write_report(rows, args.out, run_id)
+    stdout.write(f"report: {report.run_dir}\n")
+    stdout.write(f"exit: {int(report.exit_code)} {report.exit_code.name}\n")
+    return report.exit_code
+
+
+def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
+    text = args.file.read_text(encoding="utf-8", errors="replace")
+    result = PARSERS[args.format](text)
+    json.dump(to_jsonable(result), stdout, indent=2, default=str)
+    stdout.write("\n")
+    return ExitCode.OK
+
+
+def _cmd_report(args: argparse.Namespace, stdout: TextIO) -> int:
+    from validate.report import load_results, write_report
+
+    run_dir: Path = args.run_dir
+    df = load_results(run_dir)
+    report = write_report(df, run_dir.parent, run_dir.name, run_dir=run_dir, update_latest=False)
+    stdout.write(
+        f"report: {report.run_dir}\nexit: {int(report.exit_code)} {report.exit_code.name}\n"
+    )
+    return report.exit_code
+
+
+def main(
+    argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    """Entry point; returns an ExitCode value and never raises (except SystemExit from a
+    caller's own code)."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    logging.basicConfig(
+        level=logging.WARNING, stream=err, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        args = _build_parser(err).parse_args(list(sys.argv[1:] if argv is None else argv))
+        if args.cmd == "run":
+            return int(_cmd_run(args, out, err))
+        if args.cmd == "parse":
+            return int(_cmd_parse(args, out))
+        if args.cmd == "report":
+            return int(_cmd_report(args, out))
+        for cid, check in check_registry.REGISTRY.items():
+            out.write(f"{cid:20} {check.title}\n")
+        return ExitCode.OK
+    except _UsageError as exc:
+        return ExitCode.OK if exc.status == 0 else ExitCode.USAGE_OR_TOOL_ERROR
+    except ParseError as exc:
+        err.write(f"parse error: {exc}\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    except (InventoryError, ProfileError, check_registry.UnknownCheck) as exc:
+        err.write(f"error: {exc}\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    except (OSError, ValueError) as exc:
+        err.write(f"error: {type(exc).__name__}: {exc}\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    except KeyboardInterrupt:
+        err.write("interrupted\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR

@@ -1,0 +1,437 @@
+"""The per-run report, built with pandas from the long results table.
+
+``reports/<run-id>/`` holds:
+
+- ``results.parquet`` / ``results.csv``: the long rows (model.COLUMNS), one per check metric.
+- ``nodes.csv``: one row per node: ``node, pool, profile, status, failed_checks, error_checks,
+  warn_checks, rows`` plus one column per key figure (``nccl_busbw_gbps``, ``fio_seq_read_mibps``,
+  ``fio_seq_write_mibps``, ``fio_randread_4k_iops``, ``checkpoint_write_gbps``, ...).
+- ``fleet.csv``: per node and key figure: ``node, pool, figure, value, pool_median, ratio,
+  outlier`` where ``outlier`` flags a node below ``(1 - OUTLIER_FRACTION)`` x its pool's median,
+  even when it passed its fixed threshold.
+- ``summary.md`` and ``index.html`` (plots: bus bandwidth per node against its threshold; a
+  node x check status grid), ``junit.xml`` (a testsuite per node, a testcase per check),
+  ``metrics.prom`` (Prometheus textfile), and ``<out>/latest`` -> the newest run.
+
+Everything is vectorised: 10,000 nodes x 40 checks render in seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
+
+from validate.model import COLUMNS, SEVERITY, CheckResult, ExitCode, Status, exit_code_for
+
+OUTLIER_FRACTION = 0.10
+# (check, metric) -> column name in nodes.csv / figure name in fleet.csv (all higher = better).
+KEY_FIGURES: dict[tuple[str, str], str] = {
+    ("nccl.allreduce", "busbw_gbps"): "nccl_busbw_gbps",
+    ("storage.fio", "seq_read_mibps"): "fio_seq_read_mibps",
+    ("storage.fio", "seq_write_mibps"): "fio_seq_write_mibps",
+    ("storage.fio", "randread_4k_iops"): "fio_randread_4k_iops",
+    ("storage.checkpoint", "write_gbps"): "checkpoint_write_gbps",
+    ("storage.checkpoint", "read_gbps"): "checkpoint_read_gbps",
+}
+_STATUS_ORDER = [s.value for s in sorted(SEVERITY, key=SEVERITY.__getitem__)]
+_STATUS_DTYPE = pd.CategoricalDtype(_STATUS_ORDER, ordered=True)
+_PROM_STATUS = {"pass": 0, "warn": 1, "fail": 2, "error": 3, "skip": -1}
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What :func:`write_report` produced."""
+
+    run_dir: Path
+    nodes: pd.DataFrame
+    fleet: pd.DataFrame
+    exit_code: ExitCode
+
+
+def to_frame(rows: Sequence[CheckResult]) -> pd.DataFrame:
+    """The long results as a DataFrame with ``status`` as an ordered categorical."""
+    data = {c: [getattr(r, c) for r in rows] for c in COLUMNS}
+    data["status"] = [r.status.value for r in rows]
+    return _typed(pd.DataFrame(data, columns=list(COLUMNS)))
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    for col in ("value", "warn", "fail", "duration_s"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    for col in ("node", "pool", "profile", "check", "metric", "unit", "code", "detail"):
+        df[col] = df[col].fillna("").astype(str)
+    df["status"] = df["status"].astype(str).astype(_STATUS_DTYPE)
+    return df
+
+
+def load_results(run_dir: Path) -> pd.DataFrame:
+    """Read back ``results.parquet`` (or ``results.csv``) of a run directory."""
+    parquet = run_dir / "results.parquet"
+    if parquet.exists():
+        return _typed(pd.read_parquet(parquet))
+    return _typed(
+        pd.read_csv(
+            run_dir / "results.csv",
+            keep_default_na=False,
+            na_values={"value": [""], "warn": [""], "fail": [""]},
+        )
+    )
+
+
+def node_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per node (schema in the module docstring), worst first."""
+    sev = df["status"].cat.codes
+    base = df.assign(_sev=sev)
+    per_node = base.groupby("node", sort=True, observed=True).agg(
+        pool=("pool", "first"),
+        profile=("profile", "first"),
+        _sev=("_sev", "max"),
+        rows=("check", "size"),
+    )
+    per_node["status"] = pd.Categorical.from_codes(per_node["_sev"].to_numpy(), dtype=_STATUS_DTYPE)
+    for label, statuses in (
+        ("failed_checks", ["fail"]),
+        ("error_checks", ["error"]),
+        ("warn_checks", ["warn"]),
+    ):
+        hit = base.loc[base["status"].isin(statuses), ["node", "check"]].drop_duplicates()
+        joined = hit.groupby("node", observed=True)["check"].agg(lambda s: " ".join(sorted(s)))
+        per_node[label] = joined.reindex(per_node.index).fillna("")
+    figures = figure_values(df)
+    if not figures.empty:
+        wide = figures.pivot_table(index="node", columns="figure", values="value", aggfunc="first")
+        per_node = per_node.join(wide)
+    for col in KEY_FIGURES.values():
+        if col not in per_node.columns:
+            per_node[col] = np.nan
+    out = per_node.drop(columns="_sev").reset_index()
+    out = out.assign(_sev=per_node["_sev"].to_numpy())
+    out = out.sort_values(["_sev", "node"], ascending=[False, True]).drop(columns="_sev")
+    cols = [
+        "node",
+        "pool",
+        "profile",
+        "status",
+        "failed_checks",
+        "error_checks",
+        "warn_checks",
+        "rows",
+        *KEY_FIGURES.values(),
+    ]
+    return out[cols].reset_index(drop=True)
+
+
+def figure_values(df: pd.DataFrame) -> pd.DataFrame:
+    """Long table ``node, pool, figure, value, fail`` of the key figures present."""
+    keys = pd.Series(
+        list(KEY_FIGURES.values()),
+        index=pd.MultiIndex.from_tuples(list(KEY_FIGURES), names=["check", "metric"]),
+    )
+    sub = df.loc[
+        df["check"].isin({c for c, _ in KEY_FIGURES}) & df["value"].notna(),
+        ["node", "pool", "check", "metric", "value", "fail"],
+    ]
+    if sub.empty:
+        return pd.DataFrame(columns=["node", "pool", "figure", "value", "fail"])
+    idx = pd.MultiIndex.from_frame(sub[["check", "metric"]])
+    sub = sub.assign(figure=keys.reindex(idx).to_numpy()).dropna(subset=["figure"])
+    return sub[["node", "pool", "figure", "value", "fail"]].reset_index(drop=True)
+
+
+def fleet_view(df: pd.DataFrame, fraction: float = OUTLIER_FRACTION) -> pd.DataFrame:
+    """Each key figure against its pool's median; ``outlier`` below (1-fraction) x median."""
+    fig = figure_values(df)
+    if fig.empty:
+        return pd.DataFrame(
+            columns=["node", "pool", "figure", "value", "pool_median", "ratio", "outlier"]
+        )
+    median = fig.groupby(["pool", "figure"])["value"].transform("median")
+    out = fig.drop(columns="fail").assign(pool_median=median)
+    out["ratio"] = (out["value"] / out["pool_median"].replace(0, np.nan)).round(4)
+    out["outlier"] = out["ratio"] < (1 - fraction)
+    return out.sort_values(["outlier", "ratio"], ascending=[False, True]).reset_index(drop=True)
+
+
+def _esc_xml(s: pd.Series) -> pd.Series:
+    return (
+        s.astype(str)
+        .str.replace("&", "&amp;", regex=False)
+        .str.replace("<", "&lt;", regex=False)
+        .str.replace(">", "&gt;", regex=False)
+        .str.replace('"', "&quot;", regex=False)
+    )
+
+
+def junit_xml(df: pd.DataFrame) -> str:
+    """JUnit XML: a testsuite per node, a testcase per row (``check[metric]``)."""
+    name = df["check"] + np.where(df["metric"] != "", "[" + df["metric"] + "]", "")
+    status = df["status"].astype(str)
+    msg = _esc_xml(df["code"] + ": " + df["detail"])
+    inner = np.select(
+        [status == "fail", status == "error", status == "skip"],
+        [
+            '<failure message="' + msg + '"/>',
+            '<error message="' + msg + '"/>',
+            '<skipped message="' + msg + '"/>',
+        ],
+        default="",
+    )
+    cases = (
+        '    <testcase classname="'
+        + _esc_xml(df["node"])
+        + '" name="'
+        + _esc_xml(name)
+        + '" time="'
+        + df["duration_s"].fillna(0).round(3).astype(str)
+        + '">'
+        + inner
+        + "</testcase>"
+    )
+    frame = pd.DataFrame(
+        {
+            "node": df["node"].to_numpy(),
+            "case": cases.to_numpy(),
+            "fail": (status == "fail").to_numpy(),
+            "err": (status == "error").to_numpy(),
+            "skip": (status == "skip").to_numpy(),
+        }
+    )
+    parts = ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>"]
+    for node, grp in frame.groupby("node", sort=True):
+        parts.append(
+            f'  <testsuite name="{_esc_xml(pd.Series([str(node)]))[0]}" tests="{len(grp)}" '
+            f'failures="{int(grp["fail"].sum())}" errors="{int(grp["err"].sum())}" '
+            f'skipped="{int(grp["skip"].sum())}">'
+        )
+        parts.append("\n".join(grp["case"]))
+        parts.append("  </testsuite>")
+    parts.append("</testsuites>")
+    return "\n".join(parts) + "\n"
+
+
+def _esc_label(s: pd.Series) -> pd.Series:
+    return (
+        s.astype(str)
+        .str.replace("\\", "\\\\", regex=False)
+        .str.replace('"', '\\"', regex=False)
+        .str.replace("\n", "\\n", regex=False)
+    )
+
+
+def prometheus(df: pd.DataFrame, nodes: pd.DataFrame, run_id: str) -> str:
+    """Prometheus textfile: per-row status and value, per-node status, run info."""
+    labels = (
+        'node="'
+        + _esc_label(df["node"])
+        + '",pool="'
+        + _esc_label(df["pool"])
+        + '",check="'
+        + _esc_label(df["check"])
+        + '",metric="'
+        + _esc_label(df["metric"])
+        + '"'
+    )
+    status_num = df["status"].astype(str).map(_PROM_STATUS).astype(int).astype(str)
+    out = [
+        "# HELP gpuready_check_status Check row status: 0 pass, 1 warn, 2 fail, 3 error, -1 skip.",
+        "# TYPE gpuready_check_status gauge",
+        "\n".join("gpuready_check_status{" + labels + "} " + status_num),
+        "# HELP gpuready_check_value Measured value of a check row (unit in the unit label).",
+        "# TYPE gpuready_check_value gauge",
+    ]
+    has = df["value"].notna()
+    if has.any():
+        vlabels = labels[has] + ',unit="' + _esc_label(df.loc[has, "unit"]) + '"'
+        out.append(
+            "\n".join("gpuready_check_value{" + vlabels + "} " + df.loc[has, "value"].map(repr))
+        )
+    nlabels = 'node="' + _esc_label(nodes["node"]) + '",pool="' + _esc_label(nodes["pool"]) + '"'
+    nstatus = nodes["status"].astype(str).map(_PROM_STATUS).astype(int).astype(str)
+    out += [
+        "# HELP gpuready_node_status Worst status of the node's rows (same scale).",
+        "# TYPE gpuready_node_status gauge",
+        "\n".join("gpuready_node_status{" + nlabels + "} " + nstatus),
+        "# HELP gpuready_run_info The run these metrics come from.",
+        "# TYPE gpuready_run_info gauge",
+        f'gpuready_run_info{{run_id="{run_id}"}} 1',
+    ]
+    return "\n".join(part for part in out if part) + "\n"
+
+
+def _png(fig: object) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plots(df: pd.DataFrame, nodes: pd.DataFrame) -> dict[str, str]:
+    """Base64 PNGs: ``busbw`` (per node vs its fail threshold) and ``grid`` (node x check)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, str] = {}
+    bus = df.loc[
+        (df["check"] == "nccl.allreduce") & (df["metric"] == "busbw_gbps") & df["value"].notna(),
+        ["node", "pool", "value", "fail"],
+    ].sort_values(["pool", "node"])
+    if not bus.empty:
+        fig, ax = plt.subplots(figsize=(10, 4))
+        x = np.arange(len(bus))
+        for pool, grp in bus.groupby("pool", sort=False):
+            pos = x[(bus["pool"] == pool).to_numpy()]
+            ax.scatter(pos, grp["value"], s=8 if len(bus) > 200 else 24, label=str(pool))
+        ax.step(
+            x, bus["fail"].to_numpy(), where="mid", color="red", linewidth=1, label="fail threshold"
+        )
+        ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
+        ax.set_xlabel("node")
+        if len(bus) <= 40:
+            ax.set_xticks(x, bus["node"], rotation=90, fontsize=7)
+        ax.legend(fontsize=7)
+        out["busbw"] = _png(fig)
+    sev = df.assign(_sev=df["status"].cat.codes).pivot_table(
+        index="node", columns="check", values="_sev", aggfunc="max", observed=True
+    )
+    sev = sev.reindex(nodes["node"])
+    fig, ax = plt.subplots(figsize=(10, min(12.0, 1.5 + 0.25 * len(sev))))
+    from matplotlib.colors import ListedColormap
+
+    cmap = ListedColormap(["#bbbbbb", "#2ca02c", "#ffbf00", "#d62728", "#7f3fbf"])
+    ax.imshow(
+        sev.to_numpy(dtype=float),
+        aspect="auto",
+        cmap=cmap,
+        vmin=-0.5,
+        vmax=4.5,
+        interpolation="nearest",
+    )
+    ax.set_xticks(np.arange(len(sev.columns)), sev.columns, rotation=60, ha="right", fontsize=7)
+    if len(sev) <= 60:
+        ax.set_yticks(np.arange(len(sev)), sev.index, fontsize=7)
+    ax.set_title(
+        "node x check (grey skip, green pass, amber warn, red fail, purple error)", fontsize=8
+    )
+    out["grid"] = _png(fig)
+    return out
+
+
+def summary_markdown(
+    df: pd.DataFrame, nodes: pd.DataFrame, fleet: pd.DataFrame, run_id: str, code: ExitCode
+) -> str:
+    """The human summary (Markdown)."""
+    counts = nodes["status"].astype(str).value_counts()
+    lines = [
+        f"# gpuready validation run {run_id}",
+        "",
+        f"Exit code: {int(code)} ({code.name}). Nodes: {len(nodes)}; "
+        + ", ".join(f"{s} {int(counts.get(s, 0))}" for s in reversed(_STATUS_ORDER)),
+        "",
+    ]
+    bad = nodes[nodes["status"].astype(str).isin(["fail", "error", "warn"])]
+    if not bad.empty:
+        lines += [
+            "## Nodes needing attention",
+            "",
+            "| node | pool | status | failed | errors | warnings |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in bad.head(200).itertuples(index=False):
+            lines.append(
+                f"| {r.node} | {r.pool} | {r.status} | {r.failed_checks} | "
+                f"{r.error_checks} | {r.warn_checks} |"
+            )
+        if len(bad) > 200:
+            lines.append(f"| ... {len(bad) - 200} more | | | | | |")
+        lines.append("")
+    codes = (
+        df.loc[df["status"].isin(["fail", "error", "warn"])]
+        .groupby(["code", "status"], observed=True)
+        .size()
+        .sort_values(ascending=False)
+    )
+    if not codes.empty:
+        lines += ["## Fault codes", "", "| code | status | rows |", "|---|---|---|"]
+        lines += [f"| {c} | {s} | {int(n)} |" for (c, s), n in codes.head(50).items()]
+        lines.append("")
+    out = fleet[fleet["outlier"]] if not fleet.empty else fleet
+    if not out.empty:
+        lines += [
+            f"## Outliers (below {1 - OUTLIER_FRACTION:.0%} of pool median)",
+            "",
+            "| node | pool | figure | value | pool median | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r.node} | {r.pool} | {r.figure} | {r.value:g} | {r.pool_median:g} | "
+            f"{r.ratio:.2f} |"
+            for r in out.head(100).itertuples(index=False)
+        ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def html_page(markdown: str, images: dict[str, str], nodes: pd.DataFrame, run_id: str) -> str:
+    """A self-contained HTML page: the summary text, the plots, the non-passing nodes."""
+    import html
+
+    bad = nodes[nodes["status"].astype(str) != "pass"].head(500)
+    imgs = "".join(
+        f'<h2>{html.escape(k)}</h2><img alt="{html.escape(k)}" src="data:image/png;base64,{v}">'
+        for k, v in images.items()
+    )
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>gpuready {html.escape(run_id)}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}</style></head><body>"
+        f"<pre>{html.escape(markdown)}</pre>{imgs}<h2>Nodes not passing</h2>"
+        f"{bad.to_html(index=False, na_rep='')}</body></html>\n"
+    )
+
+
+def write_report(
+    results: Sequence[CheckResult] | pd.DataFrame,
+    out_root: Path,
+    run_id: str,
+    *,
+    run_dir: Path | None = None,
+    update_latest: bool = True,
+) -> Report:
+    """Write every report file for a run into ``out_root/run_id`` (or ``run_dir``)."""
+    df = results if isinstance(results, pd.DataFrame) else to_frame(results)
+    target = run_dir or out_root / run_id
+    target.mkdir(parents=True, exist_ok=True)
+    code = exit_code_for(
+        [Status(s) for s in df["status"].astype(str).unique()],
+        list(df["code"].unique()),
+    )
+    nodes = node_summary(df)
+    fleet = fleet_view(df)
+    plain = df.assign(status=df["status"].astype(str))
+    plain.to_parquet(target / "results.parquet", index=False)
+    plain.to_csv(target / "results.csv", index=False)
+    nodes.to_csv(target / "nodes.csv", index=False)
+    fleet.to_csv(target / "fleet.csv", index=False)
+    md = summary_markdown(df, nodes, fleet, run_id, code)
+    (target / "summary.md").write_text(md)
+    (target / "index.html").write_text(html_page(md, plots(df, nodes), nodes, run_id))
+    (target / "junit.xml").write_text(junit_xml(df))
+    (target / "metrics.prom").write_text(prometheus(df, nodes, run_id))
+    if update_latest and target.parent == out_root:
+        tmp = out_root / f".latest.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(target.name)
+        os.replace(tmp, out_root / "latest")
+    return Report(target, nodes, fleet, code)
