@@ -1,0 +1,122 @@
+"""Managed files: contents, owners and modes; the runtimes containerd really loads."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from tests.infra.conftest import Desired
+
+RUNTIMES = 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes'
+
+
+def _root_file(host: Any, path: str, mode: int = 0o644) -> Any:
+    managed = host.file(path)
+    assert managed.is_file, f"{path} missing"
+    assert (managed.user, managed.group, managed.mode) == ("root", "root", mode), path
+    return managed
+
+
+def test_nouveau_blacklisted(host: Any) -> None:
+    content = _root_file(host, "/etc/modprobe.d/gpuready-blacklist-nouveau.conf").content_string
+    assert re.search(r"^blacklist nouveau$", content, re.MULTILINE)
+    assert re.search(r"^options nouveau modeset=0$", content, re.MULTILINE)
+
+
+def test_modules_loaded_at_boot(host: Any, desired: Desired) -> None:
+    content = _root_file(host, "/etc/modules-load.d/gpuready.conf").content_string
+    lines = {line for line in content.splitlines() if line and not line.startswith("#")}
+    assert lines == set(desired["gpu_kernel_prereqs_modules"])
+
+
+def test_sysctl_file(host: Any, desired: Desired) -> None:
+    content = _root_file(host, "/etc/sysctl.d/90-gpuready.conf").content_string
+    settings = dict(re.findall(r"^([\w.-]+) = (\S+)$", content, re.MULTILINE))
+    wanted = desired["gpu_kernel_prereqs_sysctls"] + desired["gpu_kernel_prereqs_sysctls_extra"]
+    assert settings == {item["name"]: str(item["value"]) for item in wanted}
+    assert settings["net.ipv4.ip_forward"] == "1"
+
+
+def test_kernel_state_applied(host: Any, desired: Desired) -> None:
+    if desired.in_container:
+        pytest.skip("a container shares its host's kernel; the roles manage only the files there")
+    wanted = desired["gpu_kernel_prereqs_sysctls"] + desired["gpu_kernel_prereqs_sysctls_extra"]
+    for item in wanted:
+        assert host.sysctl(item["name"]) == item["value"], item["name"]
+    for module in desired["gpu_kernel_prereqs_modules"]:
+        assert host.file(f"/sys/module/{module}").is_directory, module
+    assert host.run("swapon --show=NAME --noheadings").stdout.strip() == ""
+
+
+def test_swap_off_at_boot(host: Any) -> None:
+    fstab = host.file("/etc/fstab")
+    if fstab.exists:
+        active = [line for line in fstab.content_string.splitlines()
+                  if not line.lstrip().startswith("#") and len(line.split()) > 2
+                  and line.split()[2] == "swap"]
+        assert active == []
+    assert host.file("/etc/systemd/system/swap.target").linked_to == "/dev/null"
+
+
+def test_peermem_where_fabric_is_rdma(host: Any, desired: Desired) -> None:
+    conf = host.file("/etc/modules-load.d/nvidia-peermem.conf")
+    if desired["gpu_pool"]["fabric"] in desired["nvidia_driver_peermem_fabrics"]:
+        assert "nvidia-peermem" in _root_file(host, conf.path).content_string.splitlines()
+    else:
+        assert not conf.exists
+
+
+@pytest.mark.parametrize(("sources", "keyring_var"), [
+    ("gpuready-nvidia-cuda.sources", "nvidia_driver_repo_keyring"),
+    ("gpuready-nvidia-container-toolkit.sources", "nvidia_container_toolkit_repo_keyring"),
+    ("gpuready-kubernetes.sources", "kubelet_repo_keyring"),
+])
+def test_apt_sources_signed_by_keyring(
+        host: Any, desired: Desired, sources: str, keyring_var: str) -> None:
+    keyring = desired[keyring_var]
+    _root_file(host, keyring)
+    content = _root_file(host, f"/etc/apt/sources.list.d/{sources}").content_string
+    assert f"Signed-By: {keyring}" in content.splitlines()
+
+
+def test_containerd_main_config(host: Any, desired: Desired) -> None:
+    content = _root_file(host, "/etc/containerd/config.toml").content_string
+    conf_dir = desired["containerd_conf_dir"]
+    assert f'imports = ["{conf_dir}/*.toml"]' in content.splitlines()
+    assert re.search(r"^\s*SystemdCgroup = true$", content, re.MULTILINE)
+    assert not re.search(r"^\s*SystemdCgroup = false$", content, re.MULTILINE)
+
+
+def test_nvidia_runtime_dropin(host: Any, desired: Desired) -> None:
+    path = f"{desired['nvidia_container_toolkit_containerd_conf_dir']}/99-nvidia.toml"
+    content = _root_file(host, path).content_string
+    name = desired["nvidia_container_toolkit_runtime_name"]
+    assert f"[{RUNTIMES}.{name}.options]" in content
+    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in content
+
+
+def test_containerd_config_dump_has_nvidia_runtime(host: Any, desired: Desired) -> None:
+    with host.sudo():
+        dump = host.check_output("containerd config dump")
+    name = desired["nvidia_container_toolkit_runtime_name"]
+    section = re.search(
+        rf"^\s*\[{re.escape(RUNTIMES)}\.{re.escape(name)}\.options\]\n(.*?)(?=^\s*\[|\Z)",
+        dump, re.MULTILINE | re.DOTALL)
+    assert section, f"no {name} runtime in `containerd config dump`"
+    assert re.search(r'^\s*BinaryName = "/usr/bin/nvidia-container-runtime"$',
+                     section.group(1), re.MULTILINE)
+    # runc must survive the drop-in (containerd 1.x replaces imported plugin sections whole).
+    runc = re.search(rf"^\s*\[{re.escape(RUNTIMES)}\.runc\.options\]\n(.*?)(?=^\s*\[|\Z)",
+                     dump, re.MULTILINE | re.DOTALL)
+    assert runc and re.search(r"^\s*SystemdCgroup = true$", runc.group(1), re.MULTILINE)
+
+
+def test_cdi_spec(host: Any, desired: Desired) -> None:
+    spec = host.file(desired["nvidia_container_toolkit_cdi_spec"])
+    if desired["nvidia_container_toolkit_cdi_enabled"]:
+        assert spec.is_file
+        assert "nvidia.com/gpu" in spec.content_string
+    else:
+        assert not spec.exists

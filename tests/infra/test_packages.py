@@ -1,0 +1,72 @@
+"""Packages at the inventory's pinned versions and held; what the profile excludes is absent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.infra.conftest import Desired, dpkg_state
+
+HELD = "hold ok installed"
+
+
+def _driver_packages(desired: Desired) -> tuple[list[str], list[str]]:
+    branch = str(desired["nvidia_driver_branch"])
+    suffix = "-open" if desired["nvidia_driver_open_kernel_modules"] else ""
+    other = "" if suffix else "-open"
+    wanted = [f"nvidia-driver-{branch}{suffix}", f"nvidia-dkms-{branch}{suffix}",
+              f"nvidia-utils-{branch}", f"nvidia-compute-utils-{branch}",
+              *desired["nvidia_driver_extra_packages"]]
+    unwanted = [f"nvidia-driver-{branch}{other}", f"nvidia-dkms-{branch}{other}"]
+    return wanted, unwanted
+
+
+def _driver_package_version(desired: Desired) -> str:
+    return f"{desired['nvidia_driver_version']}-{desired['nvidia_driver_package_revision']}"
+
+
+def test_driver_pinned_and_held(host: Any, desired: Desired) -> None:
+    wanted, _ = _driver_packages(desired)
+    version = _driver_package_version(desired)
+    assert {p: dpkg_state(host, p) for p in wanted} == {p: (HELD, version) for p in wanted}
+
+
+def test_other_kernel_module_flavour_absent(host: Any, desired: Desired) -> None:
+    _, unwanted = _driver_packages(desired)
+    installed = [p for p in unwanted if dpkg_state(host, p)[0].endswith(" installed")]
+    assert installed == []
+
+
+def test_fabricmanager_as_profile_wants(host: Any, desired: Desired) -> None:
+    package = f"nvidia-fabricmanager-{desired['nvidia_driver_branch']}"
+    status, version = dpkg_state(host, package)
+    if desired.profile["hardware"]["nvswitch"]:
+        assert (status, version) == (HELD, _driver_package_version(desired))
+    else:
+        assert not status.endswith(" installed"), f"{package} is {status} {version}"
+
+
+def test_container_toolkit_pinned_and_held(host: Any, desired: Desired) -> None:
+    packages = desired["nvidia_container_toolkit_packages"]
+    version = desired["nvidia_container_toolkit_version"]
+    assert {p: dpkg_state(host, p) for p in packages} == {p: (HELD, version) for p in packages}
+
+
+def test_kubernetes_packages_pinned_and_held(host: Any, desired: Desired) -> None:
+    packages = desired["kubelet_packages"]
+    version = desired["kubelet_version"]
+    assert {p: dpkg_state(host, p) for p in packages} == {p: (HELD, version) for p in packages}
+
+
+def test_containerd_installed(host: Any, desired: Desired) -> None:
+    status, version = dpkg_state(host, "containerd")
+    pin = desired["containerd_version"]
+    assert status == (HELD if pin else "install ok installed")
+    if pin:
+        assert version == pin
+
+
+@pytest.mark.parametrize("binary", ["nvidia-smi", "nvidia-ctk", "kubelet", "kubeadm", "kubectl"])
+def test_tools_on_path(host: Any, binary: str) -> None:
+    assert host.exists(binary)
