@@ -25,12 +25,26 @@ class FabricIb(Check):
         out = ctx.output(("ibstat",), ok_rcs=(0, 255)).stdout
         report = parsed(ibstat.parse_report, out, "ibstat")
         hw = ctx.profile.hardware
-        return judge_ib(report, hw.nic_count, hw.nic_rate_gbps)
+        layer = LINK_LAYER.get(ctx.node.gpu_pool.get("fabric", ""))
+        return judge_ib(report, hw.nic_count, hw.nic_rate_gbps, layer)
 
 
-def judge_ib(report: ibstat.IbstatReport, nic_count: int, rate_gbps: float) -> list[Verdict]:
-    """Active ports vs ``nic_count`` and the slowest active port vs ``rate_gbps``."""
-    ports = [(ca.name, p) for ca in report.cas for p in ca.ports]
+# gpu_pool.fabric -> the ibstat link layer of the GPU fabric's ports. Other ports (a bonded
+# Ethernet management HCA on an InfiniBand node, say) are not the GPU fabric.
+LINK_LAYER = {"infiniband": "InfiniBand", "roce": "Ethernet"}
+
+
+def judge_ib(
+    report: ibstat.IbstatReport, nic_count: int, rate_gbps: float, link_layer: str | None = None
+) -> list[Verdict]:
+    """Active ports vs ``nic_count`` and the slowest active port vs ``rate_gbps``, counting
+    only ports of ``link_layer`` when given."""
+    ports = [
+        (ca.name, p)
+        for ca in report.cas
+        for p in ca.ports
+        if link_layer is None or p.link_layer == link_layer
+    ]
     up = [(n, p) for n, p in ports if p.state == "Active" and p.physical_state == "LinkUp"]
     down = [f"{n}/{p.number}: {p.state}/{p.physical_state}" for n, p in ports if (n, p) not in up]
     down += list(report.errors)

@@ -176,36 +176,37 @@ FIO_METRICS = ("seq_write_mibps", "seq_read_mibps", "randread_4k_iops")
 
 
 def judge_fio(run: fio.FioRun, bands: Mapping[str, Band]) -> list[Verdict]:
-    """Rows for the three fio jobs; a job fio reports an error for is an error row."""
-    jobs = {j.name: j for j in run.jobs}
-    figures: dict[str, tuple[str, float, str]] = {}
-    for metric, job, unit in (
-        ("seq_write_mibps", "seq_write", "MiB/s"),
-        ("seq_read_mibps", "seq_read", "MiB/s"),
-        ("randread_4k_iops", "randread_4k", "IOPS"),
-    ):
-        if job not in jobs:
-            raise ToolFailure(CODE_PARSE, f"fio output has no job {job!r}")
-        j = jobs[job]
-        if j.error:
-            raise ToolFailure("tool.exit_nonzero", f"fio job {job} failed with error {j.error}")
-        if metric == "seq_write_mibps":
-            figures[metric] = (job, j.write.bw_bytes_per_s / 2**20, unit)
-        elif metric == "seq_read_mibps":
-            figures[metric] = (job, j.read.bw_bytes_per_s / 2**20, unit)
-        else:
-            figures[metric] = (job, j.read.iops, unit)
+    """Rows for the three fio jobs, found by their ``rw`` option (write, read, randread) so
+    any job names work; a job fio reports an error for is an error row."""
+    by_rw: dict[str, fio.FioJob] = {}
+    for each in run.jobs:
+        rw = dict(each.options).get("rw") or dict(run.global_options).get("rw", "")
+        by_rw.setdefault(rw, each)
     out = []
-    for metric, (job, value, unit) in figures.items():
-        band = bands[metric]
+    for metric, rw, unit in (
+        ("seq_write_mibps", "write", "MiB/s"),
+        ("seq_read_mibps", "read", "MiB/s"),
+        ("randread_4k_iops", "randread", "IOPS"),
+    ):
+        job = by_rw.get(rw)
+        if job is None:
+            raise ToolFailure(CODE_PARSE, f"fio output has no rw={rw} job")
+        if job.error:
+            raise ToolFailure("tool.exit_nonzero", f"fio job {job.name} failed: error {job.error}")
+        if rw == "write":
+            value = job.write.bw_bytes_per_s / 2**20
+        elif rw == "read":
+            value = job.read.bw_bytes_per_s / 2**20
+        else:
+            value = job.read.iops
         out.append(
             judged(
                 metric,
                 round(value, 2),
                 unit,
-                band,
+                bands[metric],
                 f"storage.fio.{metric}_low",
-                f"job {job}, {run.version}",
+                f"job {job.name}, {run.version}",
             )
         )
     return out
