@@ -94,6 +94,13 @@ if grep -q '"driver-install-fail"' /opt/gpuready-lab/hw/faults.json 2>/dev/null;
   exit 10
 fi
 echo "Done."
+# The simulated kernel: a first install loads the new module (as modprobe after the DKMS build
+# does); over an already loaded module of another version it does not, so userspace and kernel
+# disagree until a reboot, as on a real node ("Driver/library version mismatch").
+if [ ! -e /run/gpuready-lab/nvidia-module-version ]; then
+  mkdir -p /run/gpuready-lab
+  echo "{version}" > /run/gpuready-lab/nvidia-module-version
+fi
 """
 
 PERSISTENCED_UNIT = """[Unit]

@@ -59,6 +59,25 @@ RemainAfterExit=yes
 WantedBy=multi-user.target
 """
 
+# The simulated kernel loading the NVIDIA module at boot: the newest installed DKMS tree (what a
+# real boot would load after a driver change). Part of the simulated machine, like the above.
+MODULES_UNIT = """\
+[Unit]
+Description=gpuready lab simulator: load the simulated NVIDIA kernel module at boot
+DefaultDependencies=no
+Before=sysinit.target nvidia-persistenced.service nvidia-fabricmanager.service
+ConditionPathExistsGlob=/usr/src/nvidia-*/dkms.conf
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'v=$(ls /usr/src | sed -n "s/^nvidia-//p" | sort -V | tail -n 1); \\
+  mkdir -p /run/gpuready-lab && echo "$v" > /run/gpuready-lab/nvidia-module-version'
+
+[Install]
+WantedBy=sysinit.target
+"""
+
 # systemd-nspawn must leave CAP_SYS_ADMIN to the host's init, so logins (SSH: everything Ansible,
 # testinfra and the validators do) run without it: they cannot mount, remount /proc/sys
 # read-write or load modules, and so cannot change the machine the lab runs on.
@@ -82,6 +101,7 @@ def recipe() -> dict[str, object]:
         "release": RELEASE_NOTE,
         "faults_unit": FAULTS_UNIT,
         "sshd_dropin": SSHD_DROPIN,
+        "modules_unit": MODULES_UNIT,
         "masked": MASKED_UNITS,
         "version": 3,
     }
@@ -146,6 +166,12 @@ def _customise(root: Path) -> None:
     link = wants / "gpuready-lab-faults.service"
     if not link.is_symlink():
         link.symlink_to("/etc/systemd/system/gpuready-lab-faults.service")
+    (unit_dir / "gpuready-lab-modules.service").write_text(MODULES_UNIT)
+    sysinit = unit_dir / "sysinit.target.wants"
+    sysinit.mkdir(parents=True, exist_ok=True)
+    link = sysinit / "gpuready-lab-modules.service"
+    if not link.is_symlink():
+        link.symlink_to("/etc/systemd/system/gpuready-lab-modules.service")
     for unit in MASKED_UNITS:
         masked = unit_dir / unit
         if masked.exists() or masked.is_symlink():
