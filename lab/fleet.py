@@ -14,6 +14,7 @@ valid.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,7 +28,10 @@ from lab.errors import LabError
 FLEETS_DIR = Path(__file__).resolve().parent / "fleets"
 # Hosts live on 127.0.1.(BASE+i): below BASE stays free (Debian maps the machine's own hostname
 # to 127.0.1.1), and every address stays inside 127.0.0.0/8.
-ADDRESS_NET = ipaddress.IPv4Network("127.0.1.0/24")
+# GPUREADY_LAB_NET moves a second lab (say, one per test worker) to another /24 of loopback.
+ADDRESS_NET = ipaddress.IPv4Network(os.environ.get("GPUREADY_LAB_NET", "127.0.1.0/24"))
+if not ADDRESS_NET.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")) or ADDRESS_NET.prefixlen != 24:
+    raise ValueError(f"GPUREADY_LAB_NET must be a /24 inside 127.0.0.0/8, not {ADDRESS_NET}")
 ADDRESS_BASE = 10
 MAX_HOSTS = 254 - ADDRESS_BASE
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")

@@ -28,7 +28,7 @@ from lab.errors import LabError
 from lab.packages import REPOS, Package, all_packages
 from lab.paths import LabPaths
 
-DEFAULT_PORT = 18080
+DEFAULT_PORT = int(os.environ.get("GPUREADY_LAB_REPO_PORT", "18080"))
 KEY_UID = "gpuready lab repository (SIMULATED packages) <lab@gpuready.invalid>"
 
 

@@ -13,12 +13,14 @@ import pytest
 
 from lab import core, hosts
 from lab.core import LabState
+from lab.fleet import ADDRESS_NET
 from lab.paths import LabPaths
 from tests.lab.conftest import lab_cli, running_lab, ssh
 
 LAB_SOURCES = """set -e
 install -d -m 0755 /etc/apt/keyrings
-python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen("http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
+python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen(\
+  "http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
 for r in cuda/debian12/x86_64 extras; do
   echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg] http://127.0.0.1:{port}/$r/ /"
 done > /etc/apt/sources.list.d/gpuready-lab.list
@@ -32,7 +34,7 @@ def lab8() -> Iterator[LabState]:
         yield state
 
 
-def _listeners(prefix: str = "127.0.1.") -> list[str]:
+def _listeners(prefix: str = str(ADDRESS_NET.network_address)[:-1]) -> list[str]:
     """Local TCP listeners on lab addresses (from /proc/net/tcp, state 0A = LISTEN)."""
     found = []
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
