@@ -234,13 +234,24 @@ def all_packages() -> list[Package]:
     for upstream in TOOLKITS:
         version = f"{upstream}-1"
         pkgs.append(Package(
+            TOOLKIT, "libnvidia-container1", version, "NVIDIA container runtime library",
+            files=(File("/usr/share/doc/libnvidia-container1/README.gpuready-lab",
+                        "Simulated package: no library is included.\n"),)))
+        pkgs.append(Package(
+            TOOLKIT, "libnvidia-container-tools", version,
+            "NVIDIA container runtime library (command-line tools)",
+            depends=(f"libnvidia-container1 (= {version})",),
+            files=(File("/usr/share/doc/libnvidia-container-tools/README.gpuready-lab",
+                        "Simulated package: nvidia-container-cli is not included.\n"),)))
+        pkgs.append(Package(
             TOOLKIT, "nvidia-container-toolkit-base", version, "NVIDIA Container Toolkit Base",
             files=(_bin("/usr/bin/nvidia-ctk", "nvidia-ctk", "nvidia_ctk.py", upstream),
                    _bin("/usr/bin/nvidia-container-runtime", "nvidia-container-runtime",
                         "nvidia_ctk.py", upstream))))
         pkgs.append(Package(
             TOOLKIT, "nvidia-container-toolkit", version, "NVIDIA Container toolkit",
-            depends=(f"nvidia-container-toolkit-base (= {version})",),
+            depends=(f"nvidia-container-toolkit-base (= {version})",
+                     f"libnvidia-container-tools (>= {version})"),
             files=(_bin("/usr/bin/nvidia-container-runtime-hook",
                         "nvidia-container-runtime-hook", "nvidia_ctk.py", upstream),)))
     for upstream in KUBE:
