@@ -1,0 +1,94 @@
+"""Report files: contents, node roll-up, outliers below the pool median, JUnit, Prometheus,
+and the latest symlink."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from validate.model import CheckResult, ExitCode, Status
+from validate.report import load_results, write_report
+
+
+def _r(node: str, check: str, metric: str, status: Status, value: float | None = None,
+       code: str = "ok", pool: str = "pool_h100_sxm", fail: float | None = None,
+       detail: str = "") -> CheckResult:
+    return CheckResult("run1", "2026-12-02T12:00:00+00:00", node, pool, "h100-sxm5-80gb-8x",
+                       check, metric, value, "GB/s" if value is not None else "", None, fail,
+                       status, code, detail, 0.5)
+
+
+@pytest.fixture()
+def rows() -> list[CheckResult]:
+    out = []
+    busbw = {"n1": 482.0, "n2": 479.0, "n3": 481.0, "n4": 420.0, "n5": 478.0}
+    for node, bw in busbw.items():
+        status = Status.PASS if bw >= 460 else Status.FAIL
+        out.append(_r(node, "nccl.allreduce", "busbw_gbps", status, bw,
+                      "ok" if status is Status.PASS else "nccl.allreduce.low_busbw", fail=460))
+        out.append(_r(node, "gpu.count", "gpu_count", Status.PASS, 8.0))
+    out.append(_r("n5", "gpu.ecc", "uncorrectable_volatile", Status.FAIL, 2.0,
+                  "gpu.ecc.uncorrectable", detail='GPU0 <"&>'))
+    # PCIe pool: its own median, far lower, and one slow node that still passes
+    for node, bw in {"l1": 19.0, "l2": 18.5, "l3": 15.0}.items():
+        out.append(_r(node, "nccl.allreduce", "busbw_gbps", Status.PASS, bw, pool="pool_l40s",
+                      fail=14))
+    out.append(_r("x1", "gpu.count", "", Status.ERROR, None, "host.unreachable",
+                  pool="pool_l40s", detail="timed out"))
+    return out
+
+
+def test_report_files_and_rollups(rows: list[CheckResult], tmp_path: Path) -> None:
+    report = write_report(rows, tmp_path, "run1")
+    d = tmp_path / "run1"
+    for name in ("results.parquet", "results.csv", "nodes.csv", "fleet.csv", "summary.md",
+                 "index.html", "junit.xml", "metrics.prom"):
+        assert (d / name).stat().st_size > 0, name
+    assert (tmp_path / "latest").resolve() == d.resolve()
+    assert report.exit_code is ExitCode.UNREACHABLE
+    nodes = pd.read_csv(d / "nodes.csv", keep_default_na=False).set_index("node")
+    assert len(nodes) == 9
+    assert nodes.loc["n4", "status"] == "fail" and nodes.loc["n4", "failed_checks"] == (
+        "nccl.allreduce")
+    assert nodes.loc["n5", "failed_checks"] == "gpu.ecc"
+    assert nodes.loc["x1", "status"] == "error" and nodes.loc["n1", "status"] == "pass"
+    assert float(nodes.loc["n1", "nccl_busbw_gbps"]) == 482.0
+    assert list(nodes.index[:2]) == ["x1", "n4"]  # worst first
+
+
+def test_fleet_flags_nodes_far_below_their_pool_median(rows: list[CheckResult],
+                                                        tmp_path: Path) -> None:
+    report = write_report(rows, tmp_path, "run1")
+    flagged = set(report.fleet.loc[report.fleet["outlier"], "node"])
+    # n4: 420 vs median 479 (0.877); l3: 15.0 vs 18.5 (0.81) even though it passed its 14 floor
+    assert flagged == {"n4", "l3"}
+    l3 = report.fleet.set_index("node").loc["l3"]
+    assert l3["pool_median"] == 18.5
+
+
+def test_junit_and_prometheus_are_well_formed(rows: list[CheckResult], tmp_path: Path) -> None:
+    write_report(rows, tmp_path, "run1")
+    root = ET.parse(tmp_path / "run1" / "junit.xml").getroot()
+    suites = {s.get("name"): s for s in root}
+    assert suites["n5"].get("failures") == "1" and suites["x1"].get("errors") == "1"
+    failure = suites["n5"].find("testcase[@name='gpu.ecc[uncorrectable_volatile]']/failure")
+    assert failure is not None and failure.get("message") == 'gpu.ecc.uncorrectable: GPU0 <"&>'
+    prom = (tmp_path / "run1" / "metrics.prom").read_text().splitlines()
+    assert ('gpuready_check_value{node="n4",pool="pool_h100_sxm",check="nccl.allreduce",'
+            'metric="busbw_gbps",unit="GB/s"} 420.0') in prom
+    assert 'gpuready_node_status{node="x1",pool="pool_l40s"} 3' in prom
+    assert all(line.startswith(("#", "gpuready_")) for line in prom)
+
+
+def test_report_rerenders_from_results(rows: list[CheckResult], tmp_path: Path) -> None:
+    write_report(rows, tmp_path, "run1")
+    df = load_results(tmp_path / "run1")
+    assert len(df) == len(rows) and df["status"].dtype.name == "category"
+    (tmp_path / "run1" / "nodes.csv").unlink()
+    again = write_report(df, tmp_path, "run1", run_dir=tmp_path / "run1", update_latest=False)
+    assert (tmp_path / "run1" / "nodes.csv").exists() and again.exit_code is ExitCode.UNREACHABLE
+    md = (tmp_path / "run1" / "summary.md").read_text()
+    assert "host.unreachable" in md and "| l3 |" in md
