@@ -40,6 +40,7 @@ from validate.parsers import (
     xid,
 )
 from validate.profiles import ProfileError
+from validate.report import load_results, write_report
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "reports"
 
@@ -67,21 +68,24 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse that writes to the injected streams and raises instead of exiting."""
+
+    streams: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
+
     def exit(self, status: int = 0, message: str | None = None) -> Any:
         if message:
-            self._print_message(message, self._stderr)
+            self.streams[1].write(message)
         raise _UsageError(status)
-
-    _stderr: TextIO = sys.stderr
 
     def _print_message(self, message: str, file: Any = None) -> None:
         if message:
-            (file if file is not None and file is not sys.stderr else self._stderr).write(message)
+            (self.streams[0] if file is None or file is sys.stdout else self.streams[1]).write(
+                message
+            )
 
 
-def _build_parser(stderr: TextIO) -> _Parser:
+def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     p = _Parser(prog="python -m validate", description="gpuready GPU node validators")
-    p._stderr = stderr
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run checks on the inventory's GPU nodes")
     r.add_argument("-i", "--inventory", required=True, type=Path)
@@ -106,9 +110,9 @@ def _build_parser(stderr: TextIO) -> _Parser:
     ps.add_argument("file", type=Path)
     rp = sub.add_parser("report", help="render a run directory's report again")
     rp.add_argument("run_dir", type=Path)
-    sub.add_parser("checks", help="list the check ids")
-    for sp in (r, ps, rp):
-        sp._stderr = stderr
+    ck = sub.add_parser("checks", help="list the check ids")
+    for parser in (p, r, ps, rp, ck):
+        parser.streams = (stdout, stderr)
     return p
 
 
@@ -128,8 +132,6 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    from validate.report import write_report
-
     if args.concurrency < 1 or args.timeout <= 0:
         stderr.write("error: --concurrency must be >= 1 and --timeout > 0\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
@@ -173,8 +175,6 @@ def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _cmd_report(args: argparse.Namespace, stdout: TextIO) -> int:
-    from validate.report import load_results, write_report
-
     run_dir: Path = args.run_dir
     df = load_results(run_dir)
     report = write_report(df, run_dir.parent, run_dir.name, run_dir=run_dir, update_latest=False)
@@ -195,7 +195,7 @@ def main(
         level=logging.WARNING, stream=err, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
-        args = _build_parser(err).parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = _build_parser(out, err).parse_args(list(sys.argv[1:] if argv is None else argv))
         if args.cmd == "run":
             return int(_cmd_run(args, out, err))
         if args.cmd == "parse":

@@ -38,6 +38,8 @@ _USED_VARS = (
     "gpu_thresholds",
     "nvidia_driver_version",
     "gpuready_scratch_path",
+    "gpuready_drive_class",
+    "gpuready_services",
     "gpuready_checkpoint_path",
     "gpuready_fio_size_mib",
     "gpuready_checkpoint_size_mib",

@@ -1,7 +1,8 @@
 """node.services: the systemd units a GPU node needs are active.
 
 containerd and kubelet always; nvidia-persistenced on every GPU node; nvidia-fabricmanager
-where the profile has NVSwitch. One ``systemctl is-active`` call (it exits 3 when any unit is
+where the profile has NVSwitch; the inventory var ``gpuready_services`` (a list of unit names)
+replaces that set. One ``systemctl is-active`` call (it exits 3 when any unit is
 not active, so the exit status is not an error here). Row ``inactive_units``; code
 ``node.services.inactive``.
 """
@@ -24,7 +25,12 @@ class NodeServices(Check):
     order = 3
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
-        units = expected_units(ctx.profile.hardware.nvswitch)
+        override = ctx.node.vars.get("gpuready_services")
+        if override is not None and not (
+            isinstance(override, list) and all(isinstance(u, str) for u in override)
+        ):
+            raise ToolFailure("inventory.invalid", "gpuready_services must be a list of units")
+        units = tuple(override) if override else expected_units(ctx.profile.hardware.nvswitch)
         result = ctx.output(("systemctl", "is-active", *units), ok_rcs=(0, 3, 4))
         return judge_services(units, result.stdout)
 
