@@ -19,8 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+# The checkout is run in place, not installed: its path goes first.
+from validate.model import CheckResult, Status  # noqa: E402
+from validate.report import to_frame, write_report  # noqa: E402
 
 # Real (check, metric, unit) shapes, padded with per-GPU ECC rows to reach 40 per node.
 BASE = [
@@ -44,11 +50,6 @@ def shapes(n: int) -> list[tuple[str, str, str]]:
 
 
 def one(nodes: int, checks: int) -> dict[str, float]:
-    import numpy as np
-
-    from validate.model import CheckResult, Status
-    from validate.report import to_frame, write_report
-
     rng = np.random.default_rng(nodes)
     pools = ["pool_h100_sxm", "pool_a100_sxm", "pool_l40s_pcie"]
     statuses = [Status.PASS, Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP]

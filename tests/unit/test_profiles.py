@@ -93,7 +93,7 @@ def test_inventory_overrides_deep_merge() -> None:
     band = p.band("nccl.allreduce_busbw_gbps")
     assert (band.fail, band.warn, band.better) == (300.0, None, "higher")
     assert p.value("xid.window", str) == "-1h"
-    assert p.value("xid.fail_codes", list)[:2] == [48, 62]  # untouched siblings survive
+    assert p.value("xid.severity_status", dict)["critical"] == "fail"  # siblings survive
     assert p.scratch_path == "/scratch/x" and p.drive_class == "virtual"
     assert p.band("fio.seq_read_mibps").fail == 20.0
 
