@@ -171,8 +171,11 @@ class SSHServer:
 
         def pump_err() -> None:
             assert proc.stderr is not None
-            for chunk in iter(lambda: proc.stderr.read1(4096), b""):  # type: ignore[union-attr]
-                chan.sendall_stderr(chunk)
+            try:
+                for chunk in iter(lambda: proc.stderr.read1(4096), b""):  # type: ignore[union-attr]
+                    chan.sendall_stderr(chunk)
+            except OSError:  # the client closed the channel first
+                pass
 
         err_thread = threading.Thread(target=pump_err, daemon=True)
         err_thread.start()
