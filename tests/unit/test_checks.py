@@ -282,6 +282,12 @@ def test_services_and_checkpoint_and_paths() -> None:
     with pytest.raises(ToolFailure):
         judge_services(units, "active\n")
     band = Band(2.0, 1.0)
+    # kubelet before kubeadm join: inactive passes only while it waits for the join
+    waiting = judge_services(units, "active\ninactive\nactive\nactive\n", True)[0]
+    assert (waiting.status, waiting.detail) == (Status.PASS,
+                                                "kubelet enabled, waiting for kubeadm join")
+    joined = judge_services(units, "active\ninactive\nactive\nactive\n", False)[0]
+    assert (joined.status, joined.detail) == (Status.FAIL, "kubelet.service=inactive")
     w, r = judge_checkpoint("write_ns=2000000000\nread_ns=500000000\n", 1024, band, band)
     assert (w.value, w.status, r.value, r.status) == (0.537, Status.FAIL, 2.147, Status.PASS)
     for bad in ("", "relative/path", "/", "/dev/nvme0n1", "/proc", "/var/tmp/../etc", "/run/x"):
