@@ -70,3 +70,35 @@ def test_containerd_installed(host: Any, desired: Desired) -> None:
 @pytest.mark.parametrize("binary", ["nvidia-smi", "nvidia-ctk", "kubelet", "kubeadm", "kubectl"])
 def test_tools_on_path(host: Any, binary: str) -> None:
     assert host.exists(binary)
+
+
+def _validation_tools(desired: Desired) -> dict[str, str]:
+    """Package -> pinned version ("" = the distribution's, not held) this host should have."""
+    wanted = {"fio": desired["gpu_validation_tools_fio_version"],
+              "nccl-tests": desired["gpu_validation_tools_nccl_tests_version"]}
+    if desired["gpu_validation_tools_nccl_version"]:
+        wanted["libnccl2"] = desired["gpu_validation_tools_nccl_version"]
+    if desired["gpu_pool"]["fabric"] in desired["gpu_validation_tools_rdma_fabrics"]:
+        wanted["infiniband-diags"] = desired["gpu_validation_tools_infiniband_diags_version"]
+    return wanted
+
+
+def test_validation_tools_pinned(host: Any, desired: Desired) -> None:
+    for package, pin in _validation_tools(desired).items():
+        status, version = dpkg_state(host, package)
+        assert status == (HELD if pin else "install ok installed"), package
+        if pin:
+            assert version == pin, package
+
+
+def test_infiniband_diags_only_on_rdma_pools(host: Any, desired: Desired) -> None:
+    status, _ = dpkg_state(host, "infiniband-diags")
+    if "infiniband-diags" in _validation_tools(desired):
+        assert host.exists("ibstat")
+    else:
+        assert not status.endswith(" installed")
+
+
+@pytest.mark.parametrize("binary", ["fio", "all_reduce_perf"])
+def test_validation_binaries_on_path(host: Any, binary: str) -> None:
+    assert host.exists(binary)
