@@ -7,6 +7,7 @@ refused `up` on a running lab leaves that lab as it was.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from typing import TextIO
@@ -45,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout,
          stderr: TextIO = sys.stderr) -> int:
     args = _parser().parse_args(argv)
+    if stdout is sys.stdout:  # `python -m lab status | head` ends quietly, like other tools
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     paths = LabPaths.default()
     try:
         if args.command == "up":

@@ -13,8 +13,8 @@ from __future__ import annotations
 import statistics
 
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict, judged, parsed
-from validate.model import Status
-from validate.parsers import nccl
+from validate.model import CODE_EXIT, Status
+from validate.parsers import ParseError, nccl
 from validate.profiles import Band
 
 
@@ -55,9 +55,17 @@ class NcclAllreduce(Check):
         timeout = p.value("nccl.timeout_s", float, 600.0)
         runs = []
         for _ in range(p.value("nccl.repeats", int, 3)):
-            # Not cached: each repeat is a new measurement.
-            out = ctx.output(argv, timeout, cached=False).stdout
-            runs.append(parsed(nccl.parse_text, out, "all_reduce_perf"))
+            # Not cached: each repeat is a new measurement. nccl-tests exits 1 when it found
+            # wrong results but still prints the whole table: that is a verdict, not a tool
+            # failure. Exit 1 without a table (a CUDA or NCCL error) stays a tool failure.
+            result = ctx.output(argv, timeout, cached=False, ok_rcs=(0, 1))
+            if result.rc == 0:
+                runs.append(parsed(nccl.parse_text, result.stdout, "all_reduce_perf"))
+                continue
+            try:
+                runs.append(nccl.parse_text(result.stdout))
+            except ParseError as exc:
+                raise ToolFailure(CODE_EXIT, f"all_reduce_perf exited 1: {exc.reason}") from None
         return judge_allreduce(runs, p.band("nccl.allreduce_busbw_gbps"))
 
 

@@ -1,0 +1,227 @@
+"""The validators on the lab (issue 4): the fault fleet, bootstrapped by the roles, then
+validated over SSH. Every healthy host passes; every faulty host fails the right check with its
+code; a hung tool is a timeout row while the others finish; a dead sshd is an unreachable row;
+exit codes follow the table; a run writes nothing outside its scratch paths."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import ansible_runner
+import pandas as pd
+import pytest
+
+from lab import core
+from lab.core import LabState
+from lab.fleet import LabHost
+from lab.paths import REPO_ROOT, LabPaths
+from tests.lab.conftest import lab_cli, running_lab, ssh
+from validate import cli
+from validate.model import ExitCode
+
+# Lab settings for this run: a hung tool gives up quickly (the profiles allow real NCCL
+# minutes); everything else is what inventory/lab sets.
+TIMEOUT_S = 10
+NCCL_TIMEOUT_S = 30  # inventory/lab/group_vars/all/validate.yml
+# fault -> (check, code) the report must show on that host
+EXPECTED = {
+    "gpu-missing": ("gpu.count", "gpu.count.missing"),
+    "ecc-uncorrectable": ("gpu.ecc", "gpu.ecc.uncorrectable"),
+    "row-remap-pending": ("gpu.ecc", "gpu.ecc.remap_pending"),
+    "pcie-degraded": ("gpu.pcie", "gpu.pcie.degraded"),
+    "nvlink-down": ("gpu.nvlink", "gpu.nvlink.down"),
+    "xid-79": ("gpu.xid", "gpu.xid.79"),
+    "xid-48": ("gpu.xid", "gpu.xid.48"),
+    "nccl-low-busbw": ("nccl.allreduce", "nccl.allreduce.low_busbw"),
+    "nccl-wrong-results": ("nccl.allreduce", "nccl.allreduce.wrong_results"),
+    "driver-not-loaded": ("gpu.driver", "gpu.driver.not_loaded"),
+    "ib-port-down": ("fabric.ib", "fabric.ib.port_down"),
+    "tool-hang": ("gpu.count", "tool.timeout"),
+    "ssh-down": ("gpu.count", "host.unreachable"),
+}
+SCRATCH = "/var/tmp"  # the profiles' scratch and checkpoint path
+# Volatile places a booted systemd host writes by itself; everything else must be unchanged.
+TREE = ("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run "
+        "-o -path /var/log/journal -o -path /var/lib/systemd -o -path /root/.ansible "
+        "-o -path /tmp \\) -prune -o -printf '%p %s %m %T@\\n' | sort")
+
+
+# What bootstrap leaves on a node, installed straight from the lab repository: the roles have
+# their own converge tests (test_roles.py), and converging 16 hosts on a 2-core CI machine would
+# take most of CI's time to prove nothing new about the validators.
+PROVISION = """set -e
+install -d -m 0755 /etc/apt/keyrings
+python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen(\\
+  "http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
+for r in cuda/debian12/x86_64 extras kubernetes/v1.30/deb; do
+  echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg] http://127.0.0.1:{port}/$r/ /"
+done > /etc/apt/sources.list.d/gpuready-lab.list
+apt-get update -qq -o APT::Update::Error-Mode=any
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y -qq nvidia-driver-550=550.90.07-0ubuntu1 nccl-tests=2.17.1-1 \\
+  kubelet=1.30.5-1.1 containerd fio {extra} >/dev/null
+systemctl enable --now nvidia-persistenced containerd {units} >/dev/null 2>&1
+systemctl enable kubelet >/dev/null 2>&1
+"""
+
+
+def _provision(state: LabState) -> None:
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    def one(host: LabHost) -> tuple[str, int, str]:
+        nvswitch = host.hw_profile in ("h100-sxm5-8x", "a100-sxm4-8x")
+        extra = ("nvidia-fabricmanager-550=550.90.07-0ubuntu1 "
+                 "infiniband-diags=2410mlnx54-1.2410068") if nvswitch else ""
+        script = PROVISION.format(port=state.repo_port, extra=extra,
+                                  units="nvidia-fabricmanager" if nvswitch else "")
+        proc = ssh(host.address, script, timeout=600)
+        return host.name, proc.returncode, proc.stderr[-2000:]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        failed = [r for r in pool.map(one, state.hosts) if r[1] != 0]
+    assert not failed, failed
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[LabState]:
+    """The fault fleet, provisioned healthy, then given its faults (a tool that hangs or a host
+    that is down would only test the provisioning's failure handling here)."""
+    paths = LabPaths.default()
+    with running_lab(fleet="faults") as state:
+        faults = {h.name: h.faults for h in state.hosts}
+        for name, host_faults in faults.items():
+            if host_faults:
+                core.set_faults(paths, name, [], [], clear=True)
+        started = time.monotonic()
+        _provision(state)
+        print(f"provisioned {len(state.hosts)} hosts in {time.monotonic() - started:.0f} s")
+        for name, host_faults in faults.items():
+            if host_faults:
+                core.set_faults(paths, name, list(host_faults), [], clear=False)
+        yield core.running_state(paths) or state
+
+
+def _validate(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.main(["run", "-i", str(LabPaths.default().inventory_dir),
+                   "--timeout", str(TIMEOUT_S), *args], stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _run_dir(stdout: str) -> Path:
+    for line in stdout.splitlines():
+        if line.startswith("report: "):
+            return Path(line.removeprefix("report: "))
+    raise AssertionError(f"no report line in {stdout!r}")
+
+
+@pytest.fixture(scope="module")
+def full_run(fleet: LabState, tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[int, pd.DataFrame, float]:
+    out = tmp_path_factory.mktemp("reports")
+    started = time.monotonic()
+    rc, stdout, _ = _validate("--out", str(out))
+    elapsed = time.monotonic() - started
+    results = pd.read_parquet(_run_dir(stdout) / "results.parquet")
+    return rc, results, elapsed
+
+
+def test_every_node_is_in_the_report(fleet: LabState,
+                                     full_run: tuple[int, pd.DataFrame, float]) -> None:
+    _, results, _ = full_run
+    assert set(results["node"]) == {h.name for h in fleet.hosts}
+
+
+def test_healthy_hosts_pass(fleet: LabState, full_run: tuple[int, pd.DataFrame, float]) -> None:
+    _, results, _ = full_run
+    for host in fleet.hosts:
+        if host.faults:
+            continue
+        rows = results[results["node"] == host.name]
+        bad = rows[~rows["status"].isin(["pass", "skip"])]
+        assert bad.empty, bad[["check", "metric", "status", "code", "detail"]].to_string()
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_faulty_host_fails_the_right_check(fleet: LabState, fault: str,
+                                           full_run: tuple[int, pd.DataFrame, float]) -> None:
+    _, results, _ = full_run
+    host = next(h for h in fleet.hosts if fault in h.faults)
+    check, code = EXPECTED[fault]
+    rows = results[(results["node"] == host.name) & (results["check"] == check)]
+    assert code in set(rows["code"]), rows[["metric", "status", "code", "detail"]].to_string()
+    assert set(rows[rows["code"] == code]["status"]) & {"fail", "error"}
+
+
+def test_hung_tool_is_a_timeout_within_the_timeout(fleet: LabState,
+                                                  full_run: tuple[int, pd.DataFrame, float]
+                                                  ) -> None:
+    _, results, _ = full_run
+    host = next(h for h in fleet.hosts if "tool-hang" in h.faults)
+    timeouts = results[results["code"] == "tool.timeout"]
+    assert set(timeouts["node"]) == {host.name}, "only the hung host times out"
+    assert not timeouts[timeouts["check"] != "nccl.allreduce"].empty
+    # each hung command is killed at its timeout: the run's, or NCCL's own (inventory/lab)
+    for check, duration in zip(timeouts["check"], timeouts["duration_s"], strict=True):
+        limit = NCCL_TIMEOUT_S if check == "nccl.allreduce" else TIMEOUT_S
+        assert duration < limit + 5, (check, duration)
+
+
+def test_unreachable_host_and_exit_code(fleet: LabState,
+                                        full_run: tuple[int, pd.DataFrame, float]) -> None:
+    rc, results, _ = full_run
+    host = next(h for h in fleet.hosts if "ssh-down" in h.faults)
+    rows = results[results["node"] == host.name]
+    assert set(rows["code"]) == {"host.unreachable"}
+    assert rc == ExitCode.UNREACHABLE
+
+
+def test_exit_codes_for_pass_and_fail(fleet: LabState, tmp_path: Path) -> None:
+    healthy = ",".join(h.name for h in fleet.hosts if not h.faults)
+    rc, stdout, stderr = _validate("--limit", healthy, "--out", str(tmp_path))
+    assert rc == ExitCode.OK, stdout + stderr
+    ecc = next(h.name for h in fleet.hosts if "ecc-uncorrectable" in h.faults)
+    rc, stdout, stderr = _validate("--limit", ecc, "--checks", "gpu.*", "--out", str(tmp_path))
+    assert rc == ExitCode.CHECK_FAILED, stdout + stderr
+    rc, _, stderr = _validate("--checks", "gpu.nonsense", "--out", str(tmp_path))
+    assert rc == ExitCode.USAGE_OR_TOOL_ERROR
+    assert "gpu.nonsense" in stderr
+
+
+def test_run_writes_nothing_outside_its_scratch_paths(fleet: LabState, tmp_path: Path) -> None:
+    host = next(h for h in fleet.hosts if not h.faults)
+    before = ssh(host.address, TREE)
+    assert before.returncode == 0, before.stderr
+    rc, stdout, stderr = _validate("--limit", host.name, "--out", str(tmp_path))
+    assert rc == ExitCode.OK, stdout + stderr
+    after = ssh(host.address, TREE)
+    changed = set(before.stdout.splitlines()) ^ set(after.stdout.splitlines())
+    # The scratch directory itself gets a new mtime (a run directory was made and removed in
+    # it); nothing in it or anywhere else may differ.
+    changed = {line for line in changed if not line.startswith(f"{SCRATCH} ")}
+    assert changed == set(), sorted(changed)[:20]
+
+
+def test_validate_playbook_fails_with_the_run(fleet: LabState) -> None:
+    """playbooks/validate.yml runs the same validators and fails when they do."""
+    ecc = next(h.name for h in fleet.hosts if "ecc-uncorrectable" in h.faults)
+    paths = LabPaths.default()
+    (paths.run / "runner-validate-play").mkdir(parents=True, exist_ok=True)
+    run = ansible_runner.run(
+        private_data_dir=str(paths.run / "runner-validate-play"), project_dir=str(REPO_ROOT),
+        playbook=str(REPO_ROOT / "playbooks" / "validate.yml"),
+        inventory=str(paths.inventory_dir), quiet=True,
+        envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+        extravars={"validate_limit": ecc, "validate_checks": "gpu.ecc",
+                   "validate_out": str(paths.run / "reports-play")})
+    assert run.status == "failed"
+    messages = [e["event_data"]["res"].get("msg", "") for e in run.events
+                if e.get("event") == "runner_on_failed"]
+    assert any("a check failed" in m for m in messages), (messages, run.stdout.read()[-3000:])
+    assert lab_cli("status").returncode == 0
