@@ -151,20 +151,33 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
             late = [h.name for h in hosts if not hosts_mod.wait_ssh(h, deadline)]
             if late:
                 raise LabError(f"hosts did not answer SSH within {BOOT_TIMEOUT_S:.0f} s: "
-                               f"{', '.join(late)} (see {paths.run}/hosts/<name>/console.log)")
+                               f"{', '.join(late)} (logs kept in {paths.root}/last-failure/)")
             # A host answers SSH before systemd has finished booting (pam_nologin would greet
             # the first logins): wait for the boot to finish so the fleet is usable at once.
             late = [h.name for h in hosts if not hosts_mod.wait_running(paths, h.name, deadline)]
             if late:
                 raise LabError(f"hosts did not finish booting within {BOOT_TIMEOUT_S:.0f} s: "
-                               f"{', '.join(late)} (see {paths.run}/hosts/<name>/console.log)")
+                               f"{', '.join(late)} (logs kept in {paths.root}/last-failure/)")
             for h in hosts:
                 apply_runtime_faults(paths, h.name, h.faults, deadline)
             inventory.write(paths, hosts, repo_port)
         except BaseException:
+            _keep_logs(paths, state)
             _teardown(paths, state)
             raise
         return state
+
+
+def _keep_logs(paths: LabPaths, state: LabState) -> None:
+    """Save the hosts' console and supervisor logs before a failed `up` removes its hosts."""
+    keep = paths.root / "last-failure"
+    shutil.rmtree(keep, ignore_errors=True)
+    keep.mkdir(parents=True)
+    for h in state.hosts:
+        for log in ("console.log", "supervisor.log"):
+            src = paths.host_dir(h.name) / log
+            if src.exists():
+                shutil.copyfile(src, keep / f"{h.name}-{log}")
 
 
 def apply_runtime_faults(paths: LabPaths, name: str, faults: tuple[str, ...],

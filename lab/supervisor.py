@@ -9,7 +9,10 @@ Run as ``python -m lab.supervisor <host-dir>``; the lab starts it in its own ses
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -40,6 +43,53 @@ def nspawn_argv(host_dir: Path, spec: dict[str, str]) -> list[str]:
     ]
 
 
+def cgroup_tag(host_dir: Path, name: str) -> str:
+    """The host's cgroup name: unique per lab directory, so two labs never share one."""
+    return hashlib.sha256(str(host_dir).encode()).hexdigest()[:10] + "-" + name
+
+
+def cgroup_roots() -> list[Path]:
+    """The cgroup hierarchies systemd-nspawn uses: cgroup2 and the named systemd one."""
+    roots = []
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _, target, fstype, options = line.split()[:4]
+            if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options):
+                roots.append(Path(target))
+    return roots
+
+
+def _enter_own_cgroup(tag: str) -> list[Path]:
+    """Move this process into its own cgroup in each hierarchy, so that the host's nspawn puts
+    its `supervisor`/`payload` cgroups there. Without it every host shares one `/payload`
+    tree and a unit stopped in one host (say ssh.service) is killed in all of them."""
+    made = []
+    for root in cgroup_roots():
+        cgroup = root / "gpuready-lab" / tag
+        try:
+            cgroup.mkdir(parents=True, exist_ok=True)
+            (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        except OSError as exc:
+            print(f"[gpuready lab] cannot use cgroup {cgroup}: {exc}", file=sys.stderr,
+                  flush=True)
+            continue
+        made.append(cgroup)
+    return made
+
+
+def _leave_cgroups(cgroups: list[Path]) -> None:
+    """Back to the hierarchy's root, then remove the (now empty) cgroups, deepest first."""
+    for cgroup in cgroups:
+        root = cgroup.parent.parent
+        with contextlib.suppress(OSError):
+            (root / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        for dirpath, _dirs, _files in sorted(os.walk(cgroup), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
+        with contextlib.suppress(OSError):
+            cgroup.parent.rmdir()  # gpuready-lab/, when no other host uses it
+
+
 def _reapply_faults(host_dir: Path, name: str) -> None:
     from lab import core, hosts  # noqa: PLC0415 (only needed after a reboot)
     from lab.paths import LabPaths  # noqa: PLC0415
@@ -68,6 +118,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    cgroups = _enter_own_cgroup(cgroup_tag(host_dir, spec["name"]))
     boots = 0
     with (host_dir / "console.log").open("ab") as console:
         while not stopping:
@@ -101,6 +152,7 @@ def main(argv: list[str]) -> int:
                 child.kill()
                 child.wait()
     (host_dir / "nspawn.pid").unlink(missing_ok=True)
+    _leave_cgroups(cgroups)
     return 0
 
 

@@ -15,6 +15,7 @@ from lab import core, hosts
 from lab.core import LabState
 from lab.fleet import ADDRESS_NET
 from lab.paths import LabPaths
+from lab.supervisor import cgroup_roots, cgroup_tag
 from tests.lab.conftest import lab_cli, running_lab, ssh
 
 LAB_SOURCES = """set -e
@@ -136,6 +137,19 @@ def test_reboot_keeps_address_and_disk(lab_paths: LabPaths, lab8: LabState) -> N
     assert proc.stdout.strip() == "kept"
 
 
+def test_hosts_do_not_share_service_cgroups(lab_paths: LabPaths, lab8: LabState) -> None:
+    """Stopping a unit in one host must not touch another host's processes (each host's
+    systemd gets its own cgroup tree, not one shared /payload)."""
+    one, other = lab8.hosts[3], lab8.hosts[4]
+    hosts.host_exec(lab_paths, one.name, ["systemctl", "stop", "ssh.socket", "ssh.service"])
+    try:
+        assert ssh(other.address, "true").returncode == 0
+        assert ssh(one.address, "true").returncode == 255
+    finally:
+        hosts.host_exec(lab_paths, one.name, ["systemctl", "start", "ssh.service"])
+    assert ssh(one.address, "true").returncode == 0
+
+
 def test_second_up_is_refused_and_leaves_lab_running(lab8: LabState) -> None:
     proc = lab_cli("up", "--nodes", "2")
     assert proc.returncode == 2
@@ -178,12 +192,16 @@ def test_fault_on_running_lab_rejects_unknown_name(lab8: LabState) -> None:
 
 
 def test_down_leaves_nothing_behind(lab_paths: LabPaths) -> None:
-    with running_lab(nodes=2):
+    with running_lab(nodes=2) as state:
         assert _listeners()
         assert core.host_processes(lab_paths)
+        cgroups = [root / "gpuready-lab" / cgroup_tag(lab_paths.host_dir(h.name), h.name)
+                   for root in cgroup_roots() for h in state.hosts]
+        assert all(c.is_dir() for c in cgroups)
     assert core.host_processes(lab_paths) == []
     assert hosts.lab_mounts(lab_paths) == []
     assert _listeners() == []
     assert not (lab_paths.inventory_dir / "hosts.yml").exists()
+    assert not any(c.exists() for c in cgroups)
     assert lab_cli("status").stdout.strip() == "lab: not running"
 
