@@ -1,0 +1,317 @@
+"""The bootstrap roles converge on the lab as on production hosts (issue 3, "Done when").
+
+One 4-host lab serves the whole module, and the tests run in file order on it: node1-3 are one
+host per pool (H100/InfiniBand with NVSwitch, L40S/ethernet, A100 with NVSwitch), node4 is a
+second H100 whose driver install fails (lab fault ``driver-install-fail``, a DKMS build error in
+the driver package's postinst). So the first converge proves both "a fresh lab converges" and
+"one failing host fails alone", and the repair of node4 rides along with the second converge
+instead of needing a second lab.
+
+Results come from ansible-runner's stats and events, never from stdout text.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+import pytest
+import yaml
+
+from lab import core
+from lab.core import LabState
+from lab.paths import REPO_ROOT, LabPaths
+from tests.lab.conftest import lab_cli, running_lab, ssh
+
+BOOTSTRAP = REPO_ROOT / "playbooks" / "bootstrap.yml"
+HEALTHY = ("node1", "node2", "node3")
+BROKEN = "node4"
+# The files the hand-edit test changes, and the tasks that own them.
+DROPIN = "/etc/containerd/conf.d/99-nvidia.toml"
+SYSCTL = "/etc/sysctl.d/90-gpuready.conf"
+DROPIN_TASK = "Register the NVIDIA runtime with containerd (drop-in)"
+SYSCTL_TASK = "Configure kernel parameters"
+RESCUE_TASK = "Fail with the reason the NVIDIA driver did not install"
+
+
+@dataclass(frozen=True)
+class PlaybookRun:
+    """One ansible-playbook run, as ansible-runner recorded it.
+
+    ``stats``: {"ok"|"changed"|"failures"|"dark"|"skipped"|"rescued"...: {host: count}};
+    ``events``: ansible-runner's event dicts (``event``, ``event_data`` with ``host``, ``task``,
+    ``role``, ``res``); ``elapsed_s``: wall-clock seconds.
+    """
+
+    rc: int
+    stats: dict[str, dict[str, int]]
+    events: tuple[dict[str, Any], ...]
+    elapsed_s: float
+
+    def count(self, kind: str, host: str) -> int:
+        return self.stats.get(kind, {}).get(host, 0)
+
+    def host_events(self, host: str, *kinds: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") in kinds
+                and e.get("event_data", {}).get("host") == host]
+
+    def changed_tasks(self, host: str) -> set[str]:
+        return {e["event_data"]["task"] for e in self.host_events(host, "runner_on_ok")
+                if e["event_data"].get("res", {}).get("changed")}
+
+    def failures(self, host: str) -> list[tuple[str, str, str]]:
+        """(role, task, message) of every task that failed on the host (not ignored)."""
+        found = []
+        for event in self.host_events(host, "runner_on_failed", "runner_on_unreachable"):
+            data = event["event_data"]
+            if data.get("ignore_errors"):
+                continue
+            res = data.get("res", {})
+            # A loop's own message is "One or more items failed"; the reason is per item.
+            items = [str(r.get("msg", "")) for r in res.get("results", [])
+                     if isinstance(r, dict) and r.get("failed")]
+            found.append((data.get("role", ""), data.get("task", ""),
+                          " ".join([str(res.get("msg", "")), *items])))
+        return found
+
+
+class Lab:
+    """The module's lab: its state, inventory and a way to run playbooks against it."""
+
+    def __init__(self, state: LabState, paths: LabPaths, artifacts: Path) -> None:
+        self.state = state
+        self.paths = paths
+        self.inventory = paths.inventory_dir
+        self.artifacts = artifacts
+        self.runs = 0
+        self.log: list[str] = []
+
+    def address(self, name: str) -> str:
+        return self.state.host(name).address
+
+    def playbook(self, *, limit: str | None = None, cmdline: str = "",
+                 inventory: Path | None = None, label: str = "") -> PlaybookRun:
+        self.runs += 1
+        private = self.artifacts / f"run{self.runs}"
+        private.mkdir(parents=True)
+        started = time.monotonic()
+        runner = ansible_runner.run(
+            private_data_dir=str(private),
+            project_dir=str(REPO_ROOT),  # cwd: the project's ansible.cfg applies
+            playbook=str(BOOTSTRAP),
+            inventory=str(inventory or self.inventory),
+            limit=limit,
+            cmdline=cmdline or None,
+            envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+                     "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"},
+            quiet=True,
+        )
+        elapsed = time.monotonic() - started
+        self.log.append(f"{label or 'playbook'}: {elapsed:.0f} s")
+        return PlaybookRun(rc=runner.rc, stats=runner.stats or {},
+                           events=tuple(runner.events), elapsed_s=elapsed)
+
+    def read(self, host: str, path: str) -> str:
+        proc = ssh(self.address(host), f"cat {path}")
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[Lab]:
+    started = time.monotonic()
+    paths = LabPaths.default()
+    with running_lab(nodes=4, faults=[f"{BROKEN}=driver-install-fail"]) as state:
+        assert [h.name for h in state.hosts] == [*HEALTHY, BROKEN]
+        the_lab = Lab(state, paths, tmp_path_factory.mktemp("runner"))
+        yield the_lab
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    summary = (f"test_roles: {time.monotonic() - started:.0f} s in all "
+               f"({'; '.join(the_lab.log)})")
+    if reporter is not None:
+        reporter.write_line(summary)
+    else:
+        print(summary)
+
+
+@pytest.fixture(scope="module")
+def first_converge(lab: Lab) -> PlaybookRun:
+    return lab.playbook(label="first converge")
+
+
+def test_fresh_lab_converges(lab: Lab, first_converge: PlaybookRun) -> None:
+    pools = {h.name: h.pool for h in lab.state.hosts}
+    assert {pools[h] for h in HEALTHY} == {"pool_h100_sxm", "pool_l40s_pcie", "pool_a100_sxm"}
+    for host in HEALTHY:
+        assert first_converge.failures(host) == [], host
+        assert first_converge.count("ok", host) > 0
+        # A bare host really changes: packages, files and services appear.
+        assert first_converge.count("changed", host) > 10, host
+    assert not first_converge.stats.get("dark")
+
+
+def test_failed_driver_install_fails_only_that_host(first_converge: PlaybookRun) -> None:
+    assert first_converge.rc != 0
+    assert set(first_converge.stats.get("failures", {})) == {BROKEN}
+    failures = first_converge.failures(BROKEN)
+    # The last failure is the one that stopped the host (the rescue's message).
+    role, task, message = failures[-1]
+    assert (role, task) == ("nvidia_driver", RESCUE_TASK)
+    assert "NVIDIA driver install failed" in message
+    assert "nvidia-driver-550" in message
+    # The DKMS error itself, as dpkg printed it, is in the message.
+    assert "Bad return status for module build" in message
+    # Nothing after the driver ran on the failed host.
+    later_roles = {e["event_data"].get("role") for e in first_converge.host_events(
+        BROKEN, "runner_on_ok") if e["event_data"].get("role")}
+    assert later_roles <= {"preflight", "gpu_kernel_prereqs", "nvidia_driver"}
+    # The play went on for the others to the last role.
+    for host in HEALTHY:
+        roles = {e["event_data"].get("role") for e in first_converge.host_events(
+            host, "runner_on_ok")}
+        assert "gpu_validation_tools" in roles, host
+
+
+@pytest.fixture(scope="module")
+def second_converge(lab: Lab, first_converge: PlaybookRun) -> PlaybookRun:
+    del first_converge  # ordering only
+    proc = lab_cli("fault", BROKEN, "--clear")
+    assert proc.returncode == 0, proc.stderr
+    return lab.playbook(label="second converge (node4 repaired)")
+
+
+def test_second_converge_changes_nothing(second_converge: PlaybookRun) -> None:
+    for host in HEALTHY:
+        assert second_converge.failures(host) == [], host
+        assert second_converge.count("changed", host) == 0, (
+            host, sorted(second_converge.changed_tasks(host)))
+
+
+def test_failed_host_is_repaired_by_the_next_converge(second_converge: PlaybookRun) -> None:
+    assert second_converge.failures(BROKEN) == []
+    assert second_converge.rc == 0
+    assert second_converge.count("changed", BROKEN) > 0
+    assert "Install the pinned NVIDIA driver packages" in second_converge.changed_tasks(BROKEN)
+
+
+def test_check_diff_on_converged_lab_reports_no_change(
+        lab: Lab, second_converge: PlaybookRun) -> None:
+    del second_converge  # ordering only
+    check = lab.playbook(cmdline="--check --diff", label="check --diff")
+    assert check.rc == 0
+    for host in (*HEALTHY, BROKEN):
+        assert check.failures(host) == [], host
+        assert check.count("changed", host) == 0, (host, sorted(check.changed_tasks(host)))
+
+
+def test_testinfra_passes_against_the_lab_inventory(
+        lab: Lab, second_converge: PlaybookRun) -> None:
+    del second_converge  # ordering only
+    started = time.monotonic()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/infra", "--hosts=ansible://gpu_nodes",
+         f"--ansible-inventory={lab.inventory}", "-q", "-p", "no:cacheprovider",
+         "--junitxml", str(lab.artifacts / "infra.xml")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    lab.log.append(f"testinfra: {time.monotonic() - started:.0f} s")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    # Every host was tested: the report names each of them in the test ids.
+    report = (lab.artifacts / "infra.xml").read_text()
+    for host in (*HEALTHY, BROKEN):
+        assert f"ansible://{host}" in report, host
+
+
+def test_hand_edited_files_are_reported_and_put_back(
+        lab: Lab, second_converge: PlaybookRun) -> None:
+    del second_converge  # ordering only
+    host = "node1"
+    dropin_before = lab.read(host, DROPIN)
+    assert "nvidia-container-runtime" in dropin_before
+    # Someone "fixes" the node by hand: drops the nvidia runtime and loosens a file's mode.
+    proc = ssh(lab.address(host), f"echo 'version = 2' > {DROPIN} && chmod 0600 {SYSCTL}")
+    assert proc.returncode == 0, proc.stderr
+
+    check = lab.playbook(limit=host, cmdline="--check --diff", label="check after hand edit")
+    assert check.failures(host) == []
+    assert {DROPIN_TASK, SYSCTL_TASK} <= check.changed_tasks(host)
+    # Check mode changed nothing on the host.
+    assert lab.read(host, DROPIN) == "version = 2\n"
+
+    converge = lab.playbook(limit=host, label="converge after hand edit")
+    assert converge.failures(host) == []
+    changed = converge.changed_tasks(host)
+    assert {DROPIN_TASK, SYSCTL_TASK} <= changed
+    # Only those files (and the restart they notify) changed.
+    assert changed - {DROPIN_TASK, SYSCTL_TASK} <= {"Restart containerd for the NVIDIA runtime"}
+    assert lab.read(host, DROPIN) == dropin_before
+    mode = ssh(lab.address(host), f"stat -c %a {SYSCTL}")
+    assert mode.stdout.strip() == "644"
+
+
+def _bad_input_inventory(lab: Lab, target: Path) -> Path:
+    """A copy of the lab inventory with one bad input per host (host vars and a new pool)."""
+    hosts_yml = yaml.safe_load((lab.inventory / "hosts.yml").read_text())
+    pools = hosts_yml["all"]["children"]["gpu_nodes"]["children"]
+    host_entries = {name: entry for pool in pools.values()
+                    for name, entry in pool["hosts"].items()}
+    bad: dict[str, dict[str, Any]] = {
+        "node1": {"nvidia_driver_version": "535.161.08"},  # not of the pinned 550 branch
+        "node2": {"nvidia_driver_reboot_allowed": "yes"},  # a string, not a boolean
+        "node3": {"gpu_profile": "h100-sxm5-80gb-9x"},  # no such profile
+    }
+    for name, overrides in bad.items():
+        host_entries[name].update(overrides)
+    for pool in pools.values():
+        pool["hosts"].pop(BROKEN, None)
+    # A pool whose group_vars forget gpu_profile.
+    pools["pool_unprofiled"] = {
+        "hosts": {BROKEN: host_entries[BROKEN]},
+        "vars": {"gpu_pool": {"accelerator": "h100-80gb", "topology": "8gpu-sxm-nvlink",
+                              "fabric": "infiniband", "workload": "inference",
+                              "sharing": "full-gpu"}},
+    }
+    target.mkdir()
+    (target / "hosts.yml").write_text(yaml.safe_dump(hosts_yml, sort_keys=False))
+    (target / "group_vars").symlink_to((lab.inventory / "group_vars").resolve())
+    return target
+
+
+def test_bad_input_fails_before_any_change_naming_the_variable(
+        lab: Lab, second_converge: PlaybookRun, tmp_path: Path) -> None:
+    del second_converge  # the hosts are converged: a change now would show as changed
+    inventory = _bad_input_inventory(lab, tmp_path / "inventory")
+    run = lab.playbook(inventory=inventory, label="bad input")
+    assert run.rc != 0
+    wanted = {"node1": "nvidia_driver_version", "node2": "nvidia_driver_reboot_allowed",
+              "node3": "gpu_profile", BROKEN: "gpu_profile"}
+    assert set(run.stats.get("failures", {})) == set(wanted)
+    for host, variable in wanted.items():
+        assert run.count("changed", host) == 0, host
+        assert run.changed_tasks(host) == set()
+        failures = run.failures(host)
+        assert len(failures) == 1, failures
+        role, _task, message = failures[0]
+        assert role == "preflight", (host, failures)
+        assert variable in message, (host, message)
+        # Nothing but preflight (and fact gathering) ran on the host.
+        roles = {e["event_data"].get("role") for e in run.host_events(
+            host, "runner_on_ok", "runner_on_skipped")}
+        assert roles <= {"preflight", None, ""}, (host, roles)
+    assert "h100-sxm5-80gb-9x" in run.failures("node3")[0][2]
+    assert "missing required arguments: gpu_profile" in run.failures(BROKEN)[0][2]
+
+
+def test_lab_is_still_the_one_this_module_started(lab: Lab) -> None:
+    # Guards the module's assumption that no other test stopped or replaced this lab.
+    state = core.running_state(lab.paths)
+    assert state is not None
+    assert state.started == lab.state.started
