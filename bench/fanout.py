@@ -1,0 +1,222 @@
+"""The same GPU health sweep over N lab hosts three ways, side by side.
+
+    python bench/fanout.py [--nodes 16] [--rounds 3]
+
+1. this suite: `validate.runner.run` with the gpu.* checks (paramiko, one connection per host,
+   each tool once per node), parse and evaluate;
+2. Ansible ad hoc: `ansible gpu_nodes -m ansible.builtin.command -a <tool> -f N` once per tool
+   the checks need, results read from the json callback, then the SAME parse and evaluate;
+3. plain OpenSSH in parallel (`xargs -P N ssh ...`, one ssh per host running every tool), the
+   practical floor, then the SAME parse and evaluate.
+
+Parse and evaluate are shared: the baselines' captured outputs are replayed into the suite's
+checks through a transport that answers from the capture, so only the fan-out differs. Rounds
+alternate the three so that other load on the machine hits all alike. Prints per-way median
+wall seconds, ratios against the suite, and client CPU seconds per host (this process plus its
+children). Boots its own lab (root) and stops it at the end, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from lab import core
+from lab.paths import REPO_ROOT, LabPaths
+from validate import inventory, runner
+from validate.checks import select
+from validate.model import CheckResult
+from validate.transport import CommandResult, Transport
+
+CHECKS = "gpu.*"
+MARK = "@@gpuready-bench@@"
+INSTALL = """set -e
+install -d /etc/apt/keyrings
+python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen(
+  "http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
+echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg]" \
+  "http://127.0.0.1:{port}/cuda/debian12/x86_64/ /" \
+  > /etc/apt/sources.list.d/gpuready-lab.list
+apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+  nvidia-driver-550=550.90.07-0ubuntu1 >/dev/null
+systemctl enable --now nvidia-persistenced >/dev/null 2>&1
+"""
+
+
+class Recording:
+    """Wraps a transport and remembers which argv the checks ran (to replay them later)."""
+
+    def __init__(self, inner: Transport, seen: set[tuple[str, ...]]) -> None:
+        self.inner, self.seen = inner, seen
+
+    def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
+        self.seen.add(tuple(argv))
+        return self.inner.run(argv, timeout)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Replay:
+    """A transport that answers from outputs captured by a baseline fan-out."""
+
+    def __init__(self, outputs: dict[tuple[str, ...], tuple[int, str]]) -> None:
+        self.outputs = outputs
+
+    def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
+        rc, out = self.outputs[tuple(argv)]
+        return CommandResult(argv=tuple(argv), rc=rc, stdout=out, stderr="", duration_s=0.0,
+                             timed_out=False)
+
+    def close(self) -> None:
+        pass
+
+
+def _cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def suite(nodes: Sequence[inventory.Node]) -> list[CheckResult]:
+    return runner.run(nodes, select(CHECKS), run_id="bench", concurrency=len(nodes))
+
+
+def _evaluate(nodes: Sequence[inventory.Node],
+              captured: dict[str, dict[tuple[str, ...], tuple[int, str]]]) -> list[CheckResult]:
+    return runner.run(nodes, select(CHECKS), run_id="bench", concurrency=len(nodes),
+                      transport_for=lambda n: Replay(captured[n.name]))
+
+
+def ansible_adhoc(nodes: Sequence[inventory.Node], argvs: list[tuple[str, ...]],
+                  inv: Path) -> list[CheckResult]:
+    """`ansible gpu_nodes -m ansible.builtin.command` per tool; per-host JSON from --tree."""
+    captured: dict[str, dict[tuple[str, ...], tuple[int, str]]] = {n.name: {} for n in nodes}
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    with tempfile.TemporaryDirectory(prefix="gpuready-fanout-tree-") as tree:
+        for argv in argvs:
+            proc = subprocess.run(
+                [str(Path(sys.executable).parent / "ansible"), "gpu_nodes", "-i", str(inv),
+                 "-f", str(len(nodes)), "-m", "ansible.builtin.command",
+                 "-a", shlex.join(argv), "--tree", tree],
+                capture_output=True, text=True, env=env, cwd=REPO_ROOT, check=False)
+            for n in nodes:
+                path = Path(tree) / n.name
+                if not path.exists():
+                    raise SystemExit(f"ansible wrote no result for {n.name}: {proc.stderr}")
+                res = json.loads(path.read_text())
+                captured[n.name][argv] = (int(res.get("rc", 255)), res.get("stdout", ""))
+    return _evaluate(nodes, captured)
+
+
+def openssh(nodes: Sequence[inventory.Node], argvs: list[tuple[str, ...]]) -> list[CheckResult]:
+    script = "".join(f"{shlex.join(a)}; printf '\\n%s %s\\n' {MARK} $?\n" for a in argvs)
+    node = nodes[0]
+    ssh = (f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
+           f"-o UserKnownHostsFile={node.known_hosts} -i {node.key_file} -l {node.user}")
+    addresses = "\n".join(f"{n.address} {n.name}" for n in nodes)
+    cmd = (f"xargs -P {len(nodes)} -L 1 sh -c "
+           f"'{ssh} \"$0\" sh -s < \"$OUT/script\" > \"$OUT/$1\" 2>/dev/null'")
+    outdir = Path(tempfile.mkdtemp(prefix="gpuready-fanout-"))
+    (outdir / "script").write_text(script)
+    subprocess.run(["sh", "-c", cmd], input=addresses, text=True,
+                   env={**os.environ, "OUT": str(outdir)}, check=False)
+    captured: dict[str, dict[tuple[str, ...], tuple[int, str]]] = {}
+    for n in nodes:
+        text = (outdir / n.name).read_text()
+        parts = re.split(rf"\n{MARK} (\d+)\n", text)
+        if len(parts) != 2 * len(argvs) + 1:
+            raise SystemExit(f"{n.name}: ssh output has {len(parts) // 2} of {len(argvs)} tools")
+        outputs = {argv: (int(parts[2 * i + 1]), parts[2 * i]) for i, argv in enumerate(argvs)}
+        captured[n.name] = outputs
+    shutil.rmtree(outdir)
+    return _evaluate(nodes, captured)
+
+
+def measure(label: str, fn: Callable[[], list[CheckResult]], nodes: int
+            ) -> tuple[float, float, list[CheckResult]]:
+    cpu, wall = _cpu(), time.monotonic()
+    rows = fn()
+    wall, cpu = time.monotonic() - wall, _cpu() - cpu
+    print(f"  {label:<14} {wall:6.2f} s wall, {cpu / nodes * 1000:6.1f} ms client CPU/host, "
+          f"{len(rows)} rows", flush=True)
+    return wall, cpu / nodes, rows
+
+
+def _summary(rows: list[CheckResult]) -> set[tuple[str, str, str, str]]:
+    return {(r.node, r.check, r.metric, r.status.value) for r in rows}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    paths = LabPaths.default()
+    state = core.up(paths, nodes=args.nodes, log=True)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            for host, proc in zip(state.hosts, pool.map(lambda h: subprocess.run(
+                    ["ssh", "-o", "BatchMode=yes", "-o",
+                     f"UserKnownHostsFile={paths.known_hosts}", "-i", str(paths.ssh_key),
+                     f"root@{h.address}", INSTALL.format(port=state.repo_port)],
+                    capture_output=True, text=True, check=False), state.hosts), strict=True):
+                if proc.returncode != 0:
+                    raise SystemExit(f"{host.name}: provisioning failed: {proc.stderr[-500:]}")
+        inv = paths.inventory_dir
+        nodes = inventory.load(inv)
+        seen: set[tuple[str, ...]] = set()
+        runner.run(nodes, select(CHECKS), run_id="warmup", concurrency=len(nodes),
+                   transport_for=lambda n: Recording(runner.default_transport(n), seen))
+        argvs = sorted(seen)
+        print(f"{len(nodes)} lab hosts, checks {CHECKS}, {len(argvs)} commands per host")
+        ways: dict[str, Callable[[], list[CheckResult]]] = {
+            "suite": lambda: suite(nodes),
+            "ansible ad hoc": lambda: ansible_adhoc(nodes, argvs, inv),
+            "openssh xargs": lambda: openssh(nodes, argvs),
+        }
+        walls: dict[str, list[float]] = {k: [] for k in ways}
+        cpus: dict[str, list[float]] = {k: [] for k in ways}
+        verdicts: dict[str, set[tuple[str, str, str, str]]] = {}
+        for rnd in range(args.rounds):
+            print(f"round {rnd + 1}")
+            order = list(ways)[rnd % 3:] + list(ways)[:rnd % 3]
+            for label in order:
+                wall, cpu, rows = measure(label, ways[label], len(nodes))
+                walls[label].append(wall)
+                cpus[label].append(cpu)
+                verdicts[label] = _summary(rows)
+        if len({frozenset(v) for v in verdicts.values()}) != 1:
+            raise SystemExit("the three ways reached different verdicts: not the same sweep")
+        base = statistics.median(walls["suite"])
+        print("median over rounds:")
+        for label in ways:
+            med = statistics.median(walls[label])
+            print(f"  {label:<14} {med:6.2f} s  ({med / base:4.2f}x the suite's time), "
+                  f"{statistics.median(cpus[label]) * 1000:6.1f} ms client CPU/host")
+        print(f"suite vs ansible ad hoc: {statistics.median(walls['ansible ad hoc']) / base:.1f}x "
+              f"faster; vs plain OpenSSH: "
+              f"{statistics.median(walls['openssh xargs']) / base:.2f}x")
+    finally:
+        core.down(paths)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
