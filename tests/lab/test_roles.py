@@ -133,11 +133,13 @@ def lab(tmp_path_factory: pytest.TempPathFactory,
         assert [h.name for h in state.hosts] == [*HEALTHY, BROKEN]
         the_lab = Lab(state, paths, tmp_path_factory.mktemp("runner"))
         yield the_lab
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     summary = (f"test_roles: {time.monotonic() - started:.0f} s in all "
                f"({'; '.join(the_lab.log)})")
-    if reporter is not None:
-        reporter.write_line(summary)
+    # Shown even without -s: the runtime of this module is a CI budget item.
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            print(f"\n{summary}")
     else:
         print(summary)
 
