@@ -1,6 +1,6 @@
 """`make demo`: the whole pipeline on the lab, ending with a pointer to the report.
 
-Boots the fault fleet (one healthy host per pool and one host per injected fault), converges
+Boots the demo fleet (one healthy host per pool and three with injected faults), converges
 `playbooks/site.yml` on it (bootstrap roles, then the validators) and prints where the report
 is. The lab stays up so you can look around; `make lab-down` stops it.
 """
@@ -20,7 +20,7 @@ from lab.paths import REPO_ROOT, LabPaths
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.demo", description=__doc__)
-    parser.add_argument("--fleet", default="faults")
+    parser.add_argument("--fleet", default="demo")
     parser.add_argument("--down", action="store_true", help="stop the lab at the end")
     args = parser.parse_args(argv)
     paths = LabPaths.default()
