@@ -141,7 +141,11 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         stderr.write(f"error: no GPU nodes in {args.inventory} match {args.limit!r}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
     run_id = args.run_id or runner.new_run_id()
-    stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes x {len(selected)} checks\n")
+    labels = sorted({str(n.vars["gpuready_environment"]) for n in nodes
+                     if n.vars.get("gpuready_environment")})
+    environment = "; ".join(labels) or None
+    stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes x {len(selected)} checks"
+                 + (f" [{environment}]" if environment else "") + "\n")
 
     def progress(o: runner.NodeOutcome) -> None:
         failed = f" ({' '.join(o.failed_checks)})" if o.failed_checks else ""
@@ -160,7 +164,7 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         default_timeout_s=args.timeout,
         progress=progress,
     )
-    report = write_report(rows, args.out, run_id)
+    report = write_report(rows, args.out, run_id, environment=environment)
     stdout.write(f"report: {report.run_dir}\n")
     stdout.write(f"exit: {int(report.exit_code)} {report.exit_code.name}\n")
     return report.exit_code

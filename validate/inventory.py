@@ -44,6 +44,7 @@ _USED_VARS = (
     "gpuready_fio_size_mib",
     "gpuready_checkpoint_size_mib",
     "gpuready_xid_window",
+    "gpuready_environment",
 )
 
 

@@ -332,13 +332,20 @@ def plots(df: pd.DataFrame, nodes: pd.DataFrame) -> dict[str, str]:
 
 
 def summary_markdown(
-    df: pd.DataFrame, nodes: pd.DataFrame, fleet: pd.DataFrame, run_id: str, code: ExitCode
+    df: pd.DataFrame,
+    nodes: pd.DataFrame,
+    fleet: pd.DataFrame,
+    run_id: str,
+    code: ExitCode,
+    environment: str | None = None,
 ) -> str:
-    """The human summary (Markdown)."""
+    """The human summary (Markdown). ``environment`` is the inventory's own label for where
+    the nodes are (``gpuready_environment``: "staging", or the lab's "SIMULATED" notice)."""
     counts = nodes["status"].astype(str).value_counts()
     lines = [
         f"# gpuready validation run {run_id}",
         "",
+        *([f"**Environment: {environment}**", ""] if environment else []),
         f"Exit code: {int(code)} ({code.name}). Nodes: {len(nodes)}; "
         + ", ".join(f"{s} {int(counts.get(s, 0))}" for s in reversed(_STATUS_ORDER)),
         "",
@@ -410,6 +417,7 @@ def write_report(
     *,
     run_dir: Path | None = None,
     update_latest: bool = True,
+    environment: str | None = None,
 ) -> Report:
     """Write every report file for a run into ``out_root/run_id`` (or ``run_dir``)."""
     df = results if isinstance(results, pd.DataFrame) else to_frame(results)
@@ -426,7 +434,7 @@ def write_report(
     pa_csv.write_csv(table, target / "results.csv")
     nodes.to_csv(target / "nodes.csv", index=False)
     fleet.to_csv(target / "fleet.csv", index=False)
-    md = summary_markdown(df, nodes, fleet, run_id, code)
+    md = summary_markdown(df, nodes, fleet, run_id, code, environment)
     (target / "summary.md").write_text(md)
     (target / "index.html").write_text(html_page(md, plots(df, nodes), nodes, run_id))
     (target / "junit.xml").write_text(junit_xml(df))

@@ -146,6 +146,8 @@ def full_run(fleet: LabState, tmp_path_factory: pytest.TempPathFactory
     rc, stdout, _ = _validate("--out", str(out))
     elapsed = time.monotonic() - started
     results = pd.read_parquet(_run_dir(stdout) / "results.parquet")
+    # a lab run says it is simulated where a person reads it
+    assert "SIMULATED" in (_run_dir(stdout) / "summary.md").read_text()
     return rc, results, elapsed
 
 

@@ -92,3 +92,14 @@ def test_report_rerenders_from_results(rows: list[CheckResult], tmp_path: Path) 
     assert (tmp_path / "run1" / "nodes.csv").exists() and again.exit_code is ExitCode.UNREACHABLE
     md = (tmp_path / "run1" / "summary.md").read_text()
     assert "host.unreachable" in md and "| l3 |" in md
+
+
+def test_environment_label_heads_the_summary(rows: list[CheckResult], tmp_path: Path) -> None:
+    """The inventory's gpuready_environment (the lab says SIMULATED) is on the human pages."""
+    label = "gpuready lab: SIMULATED GPUs"
+    report = write_report(rows, tmp_path, "r-env", environment=label)
+    summary = (report.run_dir / "summary.md").read_text()
+    assert summary.splitlines()[2] == f"**Environment: {label}**"
+    assert label in (report.run_dir / "index.html").read_text()
+    plain = write_report(rows, tmp_path, "r-plain")
+    assert "Environment" not in (plain.run_dir / "summary.md").read_text()
