@@ -30,7 +30,7 @@ def _write_json_atomic(path: Path, data: object) -> None:
 
 
 def write_faults(paths: LabPaths, name: str, faults: tuple[str, ...]) -> None:
-    _write_json_atomic(paths.host_dir(name) / "hw" / "faults.json", {"faults": list(faults)})
+    hardware.write_faults(paths.host_dir(name) / "hw", list(faults))
 
 
 def read_faults(paths: LabPaths, name: str) -> tuple[str, ...]:
@@ -66,8 +66,7 @@ def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str) -> str:
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise LabError(f"{host.name}: overlay mount failed: {proc.stderr.strip()}")
-    _write_json_atomic(hdir / "hw" / "hardware.json",
-                       hardware.render_host(host.hw_profile, host.name))
+    hardware.write_hardware(hdir / "hw", hardware.render_host(host.hw_profile, host.name))
     write_faults(paths, host.name, host.faults)
     _write_json_atomic(hdir / "spec.json", {
         "name": host.name, "address": host.address, "port": str(host.port),
