@@ -1,4 +1,10 @@
-"""Shared test fixtures: where the real captured tool output lives."""
+"""Shared test fixtures: where the real captured tool output lives.
+
+The real captures the tests read are kept in the repository (``tests/fixtures/``, one row per
+file in ``tests/fixtures/SOURCES.tsv`` with its source, commit and licence), so a clone anywhere
+passes its own tests. ``GPUREADY_FIXTURES`` points the tests at another copy (for example a
+newer ``../shared/fixtures``).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +14,12 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+IN_REPO_FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 
 def _fixtures_root() -> Path:
     env = os.environ.get("GPUREADY_FIXTURES")
-    if env:
-        return Path(env)
-    return REPO_ROOT.parent / "shared" / "fixtures"
+    return Path(env) if env else IN_REPO_FIXTURES
 
 
 FIXTURES = _fixtures_root()
@@ -22,7 +27,7 @@ FIXTURES = _fixtures_root()
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    """The real captures (../shared/fixtures); tests that need them fail loudly if absent."""
+    """The real captures (tests/fixtures); tests that need them fail loudly if absent."""
     if not FIXTURES.is_dir():
-        pytest.fail(f"real fixtures not found at {FIXTURES} (set GPUREADY_FIXTURES)")
+        pytest.fail(f"real fixtures not found at {FIXTURES} (unset GPUREADY_FIXTURES?)")
     return FIXTURES

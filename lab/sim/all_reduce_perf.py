@@ -8,7 +8,7 @@ $GPUREADY_LAB_HW (default /opt/gpuready-lab/hw)/{hardware,faults}.json; per-boot
 from $GPUREADY_LAB_RUN (default /run/gpuready-lab).
 
 What it prints is the shape of the real tool, checked against the captures in
-shared/fixtures/nccl-tests:
+tests/fixtures/nccl-tests:
 - header `# nThread .. nGpus .. minBytes .. step: 2(factor) .. validation: 1 graph: 0`,
   `# Using devices`, one `#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] name` per GPU
   (hostname, pid, PCI bus and name from hardware.json), the three table header lines, rows

@@ -4,7 +4,7 @@
 Reads $GPUREADY_LAB_HW (default /opt/gpuready-lab/hw)/{hardware,faults}.json on every call;
 the package version is env GPUREADY_SIM_VERSION.
 
-Output, shaped like the real captures in shared/fixtures/ibstat (tab-indented, one block per
+Output, shaped like the real captures in tests/fixtures/ibstat (tab-indented, one block per
 CA, one port each as on ConnectX HCAs):
     CA 'mlx5_0'
     \\tCA type: MT4129

@@ -16,7 +16,7 @@ Inputs, read on every invocation so the lab can change them while the host runs:
 - ``/proc/*/comm``: persistence mode is Enabled only while nvidia-persistenced runs.
 
 Output is shaped like the real tool of the 535/550 driver generation (the real captures in
-../shared/fixtures are the reference). "gpuready lab simulator" appears only in the banners
+tests/fixtures are the reference). "gpuready lab simulator" appears only in the banners
 (--version, -h) and as a note under the default table, never inside data output.
 
 Supported: (no args) table, -L, -q [-i N] [-x], --query-gpu=... --format=csv[,noheader][,nounits]

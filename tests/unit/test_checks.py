@@ -1,4 +1,4 @@
-"""Check evaluations on REAL captured tool output (../shared/fixtures).
+"""Check evaluations on REAL captured tool output (tests/fixtures).
 
 Expected values below were read off the capture files by hand (the grep-able text), not
 computed with the parsers.
