@@ -33,11 +33,13 @@ $(STAMP_DEBS): Makefile
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(LAB_DEBS) >/dev/null
 	mkdir -p .lab && touch $@
 
-lint: $(STAMP_PY) ## ruff, mypy --strict (validate/), yamllint --strict, ansible-lint (production)
+lint: $(STAMP_PY) ## ruff, mypy --strict (validate/), yamllint --strict, ansible-lint (production), reuse lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/yamllint --strict .
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint -q
+	@# Every file's licence and copyright, machine-readable (REUSE.toml, LICENSES/); one line per problem.
+	$(VENV)/bin/reuse lint --lines
 
 unit: $(STAMP_PY) ## unit tests (no root, no lab)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

@@ -20,7 +20,9 @@ tests/fixtures/nccl-tests:
   deterministic jitter (seeded by host, tool, size and placement, so reruns agree).
 - CUDA failures use the real CUDACHECK/TESTCHECK shape (`<host>: Test CUDA failure
   common.cu:941 '<cuda error string>'` then ` .. <host> pid <pid>: Test failure common.cu:891`,
-  exit 2), as captured in all_reduce_perf-8x-h100-cuda-system-not-yet-initialized-failure.txt.
+  exit 2), as in the real capture all_gather_perf-4worker-b200-test-cuda-failure-invalid-device-
+  ordinal-excerpt.txt; the line numbers 941/891 are those 2.13-era builds print (NVIDIA/nccl-tests
+  issue 264).
 
 Versions: 2.13.x (the lab repository's package) prints the classic format above and has no
 `-J` (getopt rejects it, as the real binary does). From 2.17.0 the tool prints the
@@ -91,8 +93,8 @@ LATENCY_US_PCIE = 35.0
 INEFFICIENCY_BYTES = 16 * 1024 * 1024
 WRONG_RESULTS_MIN_BYTES = 128 * 1024 * 1024
 
-# The classic (<= 2.16) table header, byte for byte as in the captures
-# all_reduce_perf-2node-16x-h100-80gb-hbm3-k8s-mpijob-full.txt and alltoall_perf-rtx5090-*.
+# The classic (<= 2.16) table header, byte for byte (trailing spaces included) as in the
+# capture all_gather_perf-2node-2x-h200-gke-trailing-spaces-1K-8G.txt.
 CLASSIC_TABLE_HEADER = (
     "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place          \n"
     "#       size         count      type   redop    root     time   algbw   busbw #wrong"

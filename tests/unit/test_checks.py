@@ -161,9 +161,8 @@ def test_nvlink_on_real_captures(fixtures_dir: Path) -> None:
 
 
 def test_topology_on_real_matrices(fixtures_dir: Path) -> None:
-    dgx = nvidia_smi_topo.parse(
-        _read(fixtures_dir, "nvidia-smi-topo/dgx-a100-8gpu-nv12-12x-mlx5-4numa-tabs.txt")
-    )
+    name = "nvidia-smi-topo/a100-sxm4-40gb-8gpu-nv12-10nic-legend-epyc7742-4numa-tabs.txt"
+    dgx = nvidia_smi_topo.parse(_read(fixtures_dir, name))
     rows = {v.metric: v for v in judge_topology(dgx, 8, True, 8)}
     assert rows["gpus_in_matrix"].status is Status.PASS
     assert rows["pairs_without_nvlink"].value == 0
@@ -214,12 +213,13 @@ def test_allreduce_on_real_nccl_output(fixtures_dir: Path) -> None:
 def test_allreduce_failure_capture_is_an_error_naming_the_cause(fixtures_dir: Path) -> None:
     text = _read(
         fixtures_dir,
-        "nccl-tests/all_reduce_perf-8x-h100-cuda-system-not-yet-initialized-failure.txt",
+        "nccl-tests/all_gather_perf-4worker-b200-test-cuda-failure-"
+        "invalid-device-ordinal-excerpt.txt",
     )
     with pytest.raises(ToolFailure) as info:
         parsed(nccl.parse_text, text, "all_reduce_perf")
     assert info.value.code == "tool.parse_error" and info.value.status is Status.ERROR
-    assert "system not yet initialized" in info.value.detail
+    assert "'invalid device ordinal'" in info.value.detail
 
 
 def test_ib_on_real_ibstat(fixtures_dir: Path) -> None:

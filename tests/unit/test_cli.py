@@ -24,7 +24,9 @@ REAL = {
     "nvidia-smi-xml": "nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml",
     "nvidia-smi-q": "nvidia-smi-q-text/h100-80gb-hbm3-x8-drv535.161.08-full.txt",
     "nvidia-smi-nvlink": "nvidia-smi-nvlink/a100-sxm4-80gb-nvlink-s-12links-ok.txt",
-    "nvidia-smi-topo": "nvidia-smi-topo/dgx-a100-8gpu-nv12-12x-mlx5-4numa-tabs.txt",
+    "nvidia-smi-topo": (
+        "nvidia-smi-topo/a100-sxm4-40gb-8gpu-nv12-10nic-legend-epyc7742-4numa-tabs.txt"
+    ),
     "nccl": "nccl-tests/all_reduce_perf-8x-a100-sxm4-80gb-single-node-nccl2.16.2.txt",
     "fio-json": "fio/fio-3.33-json-seqwrite-seqread-randread4k-3jobs-stonewall-vm-disk.json",
     "ibstat": "ibstat/ibstat-h100-node-all-active-ndr400-spaces.txt",

@@ -143,9 +143,10 @@ def test_query_gpu_csv_same_fields_as_real_h100(node: Any, fixtures_dir: Path) -
     assert sim_kinds == real_kinds
 
 
-def test_topo_same_structure_as_real_h100_nv18(node: Any, fixtures_dir: Path) -> None:
+def test_topo_same_structure_as_real_nv18_board(node: Any, fixtures_dir: Path) -> None:
     real = nvidia_smi_topo.parse(fixture_text(
-        fixtures_dir, "nvidia-smi-topo/h100-sxm-8gpu-nv18-6nic-legend-empty-cpu-affinity.txt"))
+        fixtures_dir,
+        "nvidia-smi-topo/b200-8gpu-nv18-8nic-legend-gpu-numa-id-gke-a4-docspaces.txt"))
     sim = nvidia_smi_topo.parse(node("nvidia-smi", "nvidia_smi.py", "550.90.07", "topo", "-m"))
     assert sim.kind == real.kind == "link"
     assert len(sim.gpus) == len(real.gpus) == 8
@@ -166,9 +167,9 @@ def test_nvlink_same_fields_as_real_h100(node: Any, fixtures_dir: Path) -> None:
                                                           real[0].links}
 
 
-def test_nccl_text_same_fields_as_real_h100(node: Any, fixtures_dir: Path) -> None:
+def test_nccl_text_same_fields_as_real_k8s_run(node: Any, fixtures_dir: Path) -> None:
     real = nccl.parse_text(fixture_text(
-        fixtures_dir, "nccl-tests/all_reduce_perf-2node-16x-h100-80gb-hbm3-k8s-mpijob-full.txt"))
+        fixtures_dir, "nccl-tests/all_reduce_perf-2node-2x-h200-k8s-mpi-operator-1K-8G.txt"))
     sim = nccl.parse_text(node("all_reduce_perf", "all_reduce_perf.py", "2.13.10",
                                "-b", "8", "-e", "8G", "-f", "2", "-g", "8"))
     assert populated(sim) == populated(real)

@@ -82,8 +82,11 @@ def test_a100_identity_matches_real_v12_xml(fixtures_dir: Path) -> None:
     assert real_gpu.findtext("gpu_power_readings/max_power_limit") == limit
 
 
-def test_a100_numa_layout_matches_real_dgx_topology(fixtures_dir: Path) -> None:
-    real = (fixtures_dir / "nvidia-smi-topo/dgx-a100-8gpu-nv12-12x-mlx5-4numa-tabs.txt").read_text()
+A100_TOPO = "nvidia-smi-topo/a100-sxm4-40gb-8gpu-nv12-10nic-legend-epyc7742-4numa-tabs.txt"
+
+
+def test_a100_numa_layout_matches_real_a100_epyc_topology(fixtures_dir: Path) -> None:
+    real = (fixtures_dir / A100_TOPO).read_text()
     real_rows = [line.split("\t") for line in real.splitlines() if line.startswith("GPU")]
     real_affinity = [(row[-2], int(row[-1])) for row in real_rows]
     gpus = render_host("a100-sxm4-8x", "gpu-a100-01")["gpus"]

@@ -52,27 +52,37 @@ def table_rows(text: str) -> list[list[str]]:
     return [m.group(0).split() for line in text.splitlines() if (m := ROW.match(line))]
 
 
+def _capture(fixtures_dir: Path, name: str) -> list[str]:
+    return (fixtures_dir / "nccl-tests" / name).read_text().splitlines()
+
+
+# A complete 2-node all_reduce (its publisher's markdown dropped trailing spaces) and a complete
+# all_gather that kept them: the run's shape comes from the first, header bytes from the second.
+K8S_ALL_REDUCE = "all_reduce_perf-2node-2x-h200-k8s-mpi-operator-1K-8G.txt"
+SPACED_ALL_GATHER = "all_gather_perf-2node-2x-h200-gke-trailing-spaces-1K-8G.txt"
+
+
 def test_header_and_table_lines_match_real_capture(node: dict[str, Path], fixtures_dir: Path):
-    real = (
-        fixtures_dir / "nccl-tests" / "all_reduce_perf-2node-16x-h100-80gb-hbm3-k8s-mpijob-full.txt"
-    ).read_text().splitlines()
-    out = run_sim(node, "-b", "512M", "-e", "8G", "-f", "2", "-g", "8")
+    real = _capture(fixtures_dir, K8S_ALL_REDUCE)
+    spaced = _capture(fixtures_dir, SPACED_ALL_GATHER)
+    out = run_sim(node, "-b", "1024", "-e", "8G", "-f", "2", "-g", "8")
     assert out.returncode == 0, out.stderr
     sim = out.stdout.splitlines()
     # The nThread line differs only in the numbers the run asked for.
     assert sim[0] == real[0].replace("nGpus 1", "nGpus 8")
-    assert sim[1:3] == real[1:3] == ["#", "# Using devices"]
+    assert sim[1:3] == real[1:3] == spaced[1:3] == ["#", "# Using devices"]
     # The three table header lines, byte for byte.
-    real_hdr = real.index(next(x for x in real if "out-of-place" in x))
+    spaced_hdr = spaced.index(next(x for x in spaced if "out-of-place" in x))
     sim_hdr = sim.index(next(x for x in sim if "out-of-place" in x))
-    assert sim[sim_hdr : sim_hdr + 3] == real[real_hdr : real_hdr + 3]
+    assert sim[sim_hdr : sim_hdr + 3] == spaced[spaced_hdr : spaced_hdr + 3]
     # Same sizes and counts as the capture's rows (same -b/-e/-f), same column layout.
     real_rows, sim_rows = table_rows("\n".join(real)), table_rows(out.stdout)
     assert [r[:5] for r in sim_rows] == [r[:5] for r in real_rows]
     for real_row, sim_row in zip(real_rows, sim_rows, strict=True):
         assert len(sim_row) == len(real_row) == 13
     assert "# Out of bounds values : 0 OK" in sim
-    assert re.search(r"^# Avg bus bandwidth    : [\d.]+ $", out.stdout, re.M)
+    summary = re.compile(r"^# Avg bus bandwidth    : [\d.]+ $", re.M)
+    assert summary.search(out.stdout) and summary.search("\n".join(spaced))
 
 
 def test_rank_lines_carry_host_pid_bus_and_name(node: dict[str, Path]):
@@ -136,18 +146,25 @@ def test_wrong_results_fault_reports_failures(node: dict[str, Path]):
 def test_cuda_failures_have_the_real_shape(
     node: dict[str, Path], fixtures_dir: Path, faults: list[str], fm: bool, error: str
 ):
-    real = (
-        fixtures_dir / "nccl-tests"
-        / "all_reduce_perf-8x-h100-cuda-system-not-yet-initialized-failure.txt"
-    ).read_text().splitlines()
+    header = _capture(fixtures_dir, K8S_ALL_REDUCE)
+    (real_failure,) = _capture(
+        fixtures_dir,
+        "all_gather_perf-4worker-b200-test-cuda-failure-invalid-device-ordinal-excerpt.txt",
+    )
     out = run_sim(node, "-b", "8", "-e", "128M", "-f", "2", "-g", "8", faults=faults, fm=fm)
     assert out.returncode != 0
     lines = out.stdout.splitlines()
-    assert lines[:3] == real[:3]
+    assert lines[0] == (
+        header[0]
+        .replace("nGpus 1", "nGpus 8")
+        .replace("minBytes 1024", "minBytes 8")
+        .replace("maxBytes 8589934592", "maxBytes 134217728")
+    )
+    assert lines[1:3] == header[1:3]
     assert lines[3] == f"gpu-h100-01: Test CUDA failure common.cu:941 '{error}'"
     assert re.fullmatch(r" \.\. gpu-h100-01 pid \d+: Test failure common\.cu:891", lines[4])
     shape = re.compile(r"^\S+: Test CUDA failure common\.cu:\d+ '[^']+'$")
-    assert shape.match(real[3]) and shape.match(lines[3])
+    assert shape.match(real_failure) and shape.match(lines[3])
 
 
 def test_too_many_gpus_and_gpu_missing(node: dict[str, Path]):

@@ -24,7 +24,7 @@ def _nvlink(name: str) -> tuple[nvidia_smi_nvlink.GpuNvlinks, ...]:
 
 
 def test_every_fixture_is_covered(fixtures_dir: Path) -> None:
-    assert len(TOPO) == 12 and len(NVLINK) == 8
+    assert len(TOPO) == 10 and len(NVLINK) == 8
 
 
 @pytest.mark.parametrize("fixture", TOPO, ids=lambda p: p.name)
@@ -41,28 +41,26 @@ def test_nvlink_golden(fixture: Path) -> None:
 # --- topo ---------------------------------------------------------------------------------
 
 
-def test_topo_h100_nv18_nic_legend_and_empty_cpu_affinity() -> None:
-    topo = _topo("h100-sxm-8gpu-nv18-6nic-legend-empty-cpu-affinity.txt")
+def test_topo_b200_nv18_nic_legend_and_gpu_numa_id() -> None:
+    topo = _topo("b200-8gpu-nv18-8nic-legend-gpu-numa-id-gke-a4-docspaces.txt")
     assert topo.kind == "link"
     assert [d.name for d in topo.gpus] == [f"GPU{i}" for i in range(8)]
-    assert [d.nic_name for d in topo.nics] == [f"mlx5_{i}" for i in range(6)]
+    assert [d.nic_name for d in topo.nics] == [f"mlx5_{i}" for i in range(8)]
     assert all(topo.nvlink_count(a, b) == 18 for a in range(8) for b in range(8) if a != b)
     assert topo.nvlink_count(0, 0) == 0
     assert topo.link("GPU0", "mlx5_0") == "PIX" == topo.link("GPU0", "NIC1")
-    assert topo.link("GPU3", "NIC2") == "PIX"
+    assert topo.link("GPU3", "NIC2") == "PIX" and topo.link("GPU3", "NIC4") == "SYS"
     gpu0, gpu4 = topo.device(0), topo.device(4)
-    assert (gpu0.cpu_affinity, gpu0.numa_affinity, gpu0.gpu_numa_id) == (None, "0", "N/A")
-    assert (gpu4.cpu_affinity, gpu4.numa_affinity) == ("1", "1")
+    assert (gpu0.cpu_affinity, gpu0.numa_affinity, gpu0.gpu_numa_id) == ("0-55,112-167", "0", "N/A")
+    assert (gpu4.cpu_affinity, gpu4.numa_affinity) == ("56-111,168-223", "1")
     assert topo.device("NIC0").cpu_affinity is None
 
 
-def test_topo_mixed_nvlink_counts_tabs() -> None:
-    topo = _topo("4gpu-nv2-nv1-mixed-pcie-sys-tabs.txt")
-    assert topo.nvlink_count(0, 1) == 2
-    assert topo.nvlink_count(1, 3) == 1
-    assert topo.nvlink_count(0, 3) == 0 and topo.link(0, 3) == "SYS"
-    assert topo.device(2).cpu_affinity == "20-39,60-79"
-    assert dict(topo.legend)["NV#"] == "Connection traversing a bonded set of # NVLinks"
+def test_topo_nv2_pair_doc_spaces_without_legend() -> None:
+    topo = _topo("2gpu-nv2-docspaces.txt")
+    assert topo.nvlink_count(0, 1) == 2 == topo.nvlink_count(1, 0)
+    assert topo.device(1).cpu_affinity == "0-23" and topo.device(1).numa_affinity == "N/A"
+    assert topo.legend == () and topo.nics == ()
 
 
 def test_topo_doc_spaces_same_as_tabs_shape() -> None:
@@ -73,21 +71,24 @@ def test_topo_doc_spaces_same_as_tabs_shape() -> None:
     assert topo.legend == ()
 
 
-def test_topo_dgx_a100_mlx5_columns() -> None:
-    topo = _topo("dgx-a100-8gpu-nv12-12x-mlx5-4numa-tabs.txt")
-    assert len(topo.gpus) == 8 and len(topo.nics) == 12
-    assert topo.link("GPU0", "mlx5_0") == "PXB"
-    assert topo.link("mlx5_4", "mlx5_5") == "PIX"
+def test_topo_a100_tabs_nic_legend_four_numa_nodes() -> None:
+    topo = _topo("a100-sxm4-40gb-8gpu-nv12-10nic-legend-epyc7742-4numa-tabs.txt")
+    assert len(topo.gpus) == 8 and len(topo.nics) == 10
+    assert topo.link("GPU0", "mlx5_0") == "PXB" == topo.link("GPU7", "NIC7")
+    assert topo.link("mlx5_8", "mlx5_9") == "PIX"
     assert [g.numa_affinity for g in topo.gpus] == ["3", "3", "1", "1", "7", "7", "5", "5"]
+    assert topo.device(2).cpu_affinity == "16-31,144-159"
     assert topo.nvlink_count("GPU6", "GPU1") == 12
+    # NIC rows end with empty affinity cells; they read as no affinity, not as a value.
+    assert topo.device("NIC9").cpu_affinity is None and topo.device("NIC9").numa_affinity is None
+    assert dict(topo.legend)["NV#"] == "Connection traversing a bonded set of # NVLinks"
 
 
-def test_topo_mp_pcie_view_has_no_nvlinks() -> None:
-    topo = _topo("h100-8gpu-topo-mp-pcie-view-12nic-legend-deepep397.txt")
-    assert len(topo.nic_legend) == 12
-    assert topo.device("NIC11").nic_name == "mlx5_11"
-    assert topo.device(0).cpu_affinity == "0,2,4,6,8,10"
-    assert all(topo.nvlink_count(a, b) == 0 for a in range(8) for b in range(8))
+def test_topo_pcie_only_pair_has_no_nvlinks() -> None:
+    topo = _topo("2gpu-phb-pcie-only-no-nvlink-docspaces.txt")
+    assert topo.kind == "link"
+    assert topo.link(0, 1) == "PHB"
+    assert topo.nvlink_count(0, 1) == 0
 
 
 def test_topo_single_gpu_ansi_stripped() -> None:
@@ -111,7 +112,7 @@ def test_topo_p2p_ok_and_cns() -> None:
 
 def test_topo_unknown_device_is_key_error() -> None:
     with pytest.raises(KeyError):
-        _topo("4gpu-nv2-nv1-mixed-pcie-sys-tabs.txt").link(0, 9)
+        _topo("2gpu-nv2-docspaces.txt").link(0, 9)
 
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda p: p.name)
@@ -130,9 +131,11 @@ def test_topo_rejects_garbage_and_truncated(text: str) -> None:
 
 
 def test_topo_rejects_truncated_fixture_and_bad_cells() -> None:
-    text = (FIXTURES / "nvidia-smi-topo/dgx-a100-8gpu-nv12-12x-mlx5-4numa-tabs.txt").read_text()
+    text = (
+        FIXTURES / "nvidia-smi-topo/a100-sxm4-40gb-8gpu-nv12-10nic-legend-epyc7742-4numa-tabs.txt"
+    ).read_text()
     with pytest.raises(ParseError, match="truncated"):
-        nvidia_smi_topo.parse(text[: text.index("mlx5_3\tSYS")])
+        nvidia_smi_topo.parse(text[: text.index("NIC3\tSYS")])
     with pytest.raises(ParseError, match="unknown link"):
         nvidia_smi_topo.parse(text.replace("NV12", "NVX", 1))
     with pytest.raises(ParseError, match="diagonal"):

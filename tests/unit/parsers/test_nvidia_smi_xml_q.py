@@ -19,7 +19,7 @@ CAPTURES = sorted(FIXTURES.glob("nvidia-smi-captures/*.txt"))
 
 def test_every_fixture_is_covered(fixtures_dir: Path) -> None:
     assert len(XML_FIXTURES) == 10
-    assert len(Q_FIXTURES) == 14
+    assert len(Q_FIXTURES) == 13
     assert len(CAPTURES) == 5
 
 
