@@ -15,13 +15,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import io
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from validate import checks as check_registry
 from validate import runner
@@ -188,13 +190,69 @@ def _cmd_report(args: argparse.Namespace, stdout: TextIO) -> int:
     return report.exit_code
 
 
+class _ReaderSafe(io.TextIOBase):
+    """An output stream that stops writing, without a word, once its reader has gone
+    (``python -m validate parse ... | head``): the command still finishes and returns its own
+    exit code. A ``run`` whose progress reader goes away still writes its report."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+        self.reader_gone = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self.reader_gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self.reader_gone = True
+
+    def release(self) -> None:
+        """Flush; if the reader has gone, point the file descriptor at /dev/null, so that the
+        interpreter's own flush at exit has nowhere to fail (Python's documented recipe for
+        SIGPIPE, see the ``signal`` module docs)."""
+        self.flush()
+        if not self.reader_gone:
+            return
+        try:
+            fd = self._stream.fileno()
+        except (OSError, ValueError, AttributeError):  # an in-memory stream: nothing to do
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
+
 def main(
     argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
     """Entry point; returns an ExitCode value and never raises (except SystemExit from a
-    caller's own code)."""
-    out = stdout or sys.stdout
-    err = stderr or sys.stderr
+    caller's own code). A reader that goes away ends the output, not the command."""
+    out = _ReaderSafe(stdout or sys.stdout)
+    err = _ReaderSafe(stderr or sys.stderr)
+    try:
+        return _dispatch(argv, cast(TextIO, out), cast(TextIO, err))
+    finally:
+        out.release()
+        err.release()
+
+
+def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int:
+    out = stdout
+    err = stderr
     logging.basicConfig(
         level=logging.WARNING, stream=err, format="%(levelname)s %(name)s: %(message)s"
     )
