@@ -84,7 +84,7 @@ SYSTEMCTL = Source(
 OPENSSH = Source("ssh(1): verifying host keys", "https://man.openbsd.org/ssh#VERIFYING_HOST_KEYS")
 SUITE = Source("gpuready README: Validators (this suite's own behaviour)")
 
-_DRAIN = "drain the node (kubectl drain) before touching the GPU"
+_DRAIN = "Drain the node (kubectl drain) before touching the GPU"
 
 ACTIONS: dict[str, Action] = {
     # The suite's own codes: the transport, the framework, the inputs.

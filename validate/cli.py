@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from validate import checks as check_registry
-from validate import runner
+from validate import runinfo, runner
 from validate.inventory import InventoryError, load
 from validate.model import ExitCode
 from validate.parsers import (
@@ -156,6 +156,9 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         )
         stderr.flush()
 
+    info = runinfo.start(run_id=run_id, environment=environment, inventory=args.inventory,
+                         limit=args.limit, checks_requested=args.checks,
+                         checks=[c.id for c in selected], nodes=nodes)
     accept = bool(args.accept_unknown_host_keys)
     rows = runner.run(
         nodes,
@@ -166,7 +169,8 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         default_timeout_s=args.timeout,
         progress=progress,
     )
-    report = write_report(rows, args.out, run_id, environment=environment)
+    info = dataclasses.replace(info, finished=runinfo.now_utc())
+    report = write_report(rows, args.out, run_id, environment=environment, run_info=info)
     stdout.write(f"report: {report.run_dir}\n")
     stdout.write(f"exit: {int(report.exit_code)} {report.exit_code.name}\n")
     return report.exit_code
@@ -180,10 +184,24 @@ def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
     return ExitCode.OK
 
 
-def _cmd_report(args: argparse.Namespace, stdout: TextIO) -> int:
+def _cmd_report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     run_dir: Path = args.run_dir
     df = load_results(run_dir)
-    report = write_report(df, run_dir.parent, run_dir.name, run_dir=run_dir, update_latest=False)
+    # run.json makes the re-render the run's own (run id, environment label, profiles).
+    info = runinfo.read_run_info(run_dir)
+    if info is None:
+        stderr.write(
+            f"note: {run_dir} has no {runinfo.RUN_INFO_FILE}: rendered without the run's "
+            "environment label, inventory and profiles\n"
+        )
+    report = write_report(
+        df,
+        run_dir.parent,
+        info.run_id if info else run_dir.name,
+        run_dir=run_dir,
+        update_latest=False,
+        run_info=info,
+    )
     stdout.write(
         f"report: {report.run_dir}\nexit: {int(report.exit_code)} {report.exit_code.name}\n"
     )
@@ -263,7 +281,7 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
         if args.cmd == "parse":
             return int(_cmd_parse(args, out))
         if args.cmd == "report":
-            return int(_cmd_report(args, out))
+            return int(_cmd_report(args, out, err))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
         return ExitCode.OK

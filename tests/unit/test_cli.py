@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, closed_port
 from validate.cli import PARSERS, main
 from validate.model import ExitCode
 
@@ -73,14 +72,6 @@ def test_usage_errors_and_help() -> None:
     assert code == ExitCode.OK and "nccl.allreduce" in out
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _inventory(root: Path, hosts: str) -> Path:
     (root / "group_vars").mkdir(parents=True)
     (root / "hosts.yml").write_text(hosts)
@@ -98,7 +89,7 @@ all:
       children:
         pool_h100_sxm:
           hosts:
-            dead-01: {{ansible_host: 127.0.0.1, ansible_port: {_closed_port()}}}
+            dead-01: {{ansible_host: 127.0.0.1, ansible_port: {closed_port()}}}
 """,
     )
     code, out, err = _main(
@@ -114,11 +105,19 @@ all:
     )
     assert code == ExitCode.UNREACHABLE, err
     assert "[1/1] dead-01: error" in err and "report:" in out
-    rows = pd.read_parquet(tmp_path / "reports" / "t1" / "results.parquet")
+    run_dir = tmp_path / "reports" / "t1"
+    rows = pd.read_parquet(run_dir / "results.parquet")
     assert len(rows) == 12 and set(rows["code"]) == {"host.unreachable"}
-    # render again from the stored results: same verdict
-    code, out, _ = _main("report", str(tmp_path / "reports" / "t1"))
+    info = json.loads((run_dir / "run.json").read_text())
+    assert (info["run_id"], info["inventory"], info["limit"], info["exit_code"]) == (
+        "t1", str(inv.resolve()), None, ExitCode.UNREACHABLE)
+    assert info["checks_requested"] == "gpu.*,node.services" and len(info["checks"]) == 12
+    assert [p["nodes"] for p in info["profiles"]] == [["dead-01"]]
+    # render again from the stored results and run.json: the same files, byte for byte
+    before = {f.name: f.read_bytes() for f in run_dir.iterdir()}
+    code, out, _ = _main("report", str(run_dir))
     assert code == ExitCode.UNREACHABLE and "UNREACHABLE" in out
+    assert {f.name: f.read_bytes() for f in run_dir.iterdir()} == before
 
 
 def test_run_local_connection_missing_tools_is_a_tool_error(tmp_path: Path) -> None:
@@ -197,7 +196,7 @@ def test_run_whose_readers_went_away_still_reports_with_its_own_exit_code(tmp_pa
         tmp_path / "inv",
         "all:\n  children:\n    gpu_nodes:\n      children:\n        pool_h100_sxm:\n"
         f"          hosts:\n            dead-01: {{ansible_host: 127.0.0.1, "
-        f"ansible_port: {_closed_port()}}}\n",
+        f"ansible_port: {closed_port()}}}\n",
     )
     out_w, err_w = _closed_pipe(), _closed_pipe()
     try:
