@@ -18,7 +18,7 @@ import pytest
 
 from tests.unit import real_fleet
 from validate import cli, runinfo
-from validate.model import CheckResult, ExitCode, Status
+from validate.model import EXIT_MEANING, CheckResult, ExitCode, Status
 from validate.report import write_report
 from validate.runinfo import RunInfo, RunInfoError
 
@@ -145,6 +145,7 @@ def test_page_is_self_contained_and_carries_every_row(
     # header: environment, exit code and its meaning, counts per status
     assert f"Environment: {real_fleet.ENVIRONMENT}" in page
     assert "Exit code <strong>3</strong> (UNREACHABLE): unreachable hosts." in page
+    assert set(EXIT_MEANING) == set(ExitCode)  # every code has its sentence
     assert ">error 2</span>" in page and ">fail 3</span>" in page
 
 
