@@ -9,6 +9,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the lab needs on this machine (the lab hosts install their own).
 LAB_DEBS := debootstrap systemd-container dpkg-dev gnupg openssh-client util-linux iproute2
+# The report page's browser test (tests/unit/test_report_browser.py) drives Debian's Chromium
+# through Playwright; Playwright's own browser download is never used.
+BROWSER_DEBS := chromium
 STAMP_PY := $(VENV)/.installed-requirements
 STAMP_DEBS := .lab/.installed-debs
 PYTEST_ARGS ?=
@@ -28,9 +31,9 @@ $(STAMP_PY): requirements.txt
 	touch $@
 
 $(STAMP_DEBS): Makefile
-	@if [ "$$(id -u)" != 0 ]; then echo "setup: the lab's Debian packages need root: sudo apt-get install $(LAB_DEBS)"; exit 2; fi
+	@if [ "$$(id -u)" != 0 ]; then echo "setup: the lab's Debian packages need root: sudo apt-get install $(LAB_DEBS) $(BROWSER_DEBS)"; exit 2; fi
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(LAB_DEBS) >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(LAB_DEBS) $(BROWSER_DEBS) >/dev/null
 	mkdir -p .lab && touch $@
 
 lint: $(STAMP_PY) ## ruff, mypy --strict (validate/), yamllint --strict, ansible-lint (production), reuse lint
@@ -41,7 +44,7 @@ lint: $(STAMP_PY) ## ruff, mypy --strict (validate/), yamllint --strict, ansible
 	@# Every file's licence and copyright, machine-readable (REUSE.toml, LICENSES/); one line per problem.
 	$(VENV)/bin/reuse lint --lines
 
-unit: $(STAMP_PY) ## unit tests (no root, no lab)
+unit: $(STAMP_PY) ## unit tests (no root, no lab; the report page test needs chromium: make setup)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
 lab-test: setup ## lab tests: boot hosts, converge, validate, inject faults (root)

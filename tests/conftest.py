@@ -9,6 +9,7 @@ newer ``../shared/fixtures``).
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,12 @@ def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
         pytest.fail(f"real fixtures not found at {FIXTURES} (unset GPUREADY_FIXTURES?)")
     return FIXTURES
+
+
+def closed_port() -> int:
+    """A loopback TCP port nothing listens on (bound, then released): connecting is refused."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port: int = s.getsockname()[1]
+    s.close()
+    return port

@@ -15,16 +15,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import io
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from validate import checks as check_registry
-from validate import runner
+from validate import runinfo, runner
 from validate.inventory import InventoryError, load
 from validate.model import ExitCode
 from validate.parsers import (
@@ -154,6 +156,9 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         )
         stderr.flush()
 
+    info = runinfo.start(run_id=run_id, environment=environment, inventory=args.inventory,
+                         limit=args.limit, checks_requested=args.checks,
+                         checks=[c.id for c in selected], nodes=nodes)
     accept = bool(args.accept_unknown_host_keys)
     rows = runner.run(
         nodes,
@@ -164,7 +169,8 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         default_timeout_s=args.timeout,
         progress=progress,
     )
-    report = write_report(rows, args.out, run_id, environment=environment)
+    info = dataclasses.replace(info, finished=runinfo.now_utc())
+    report = write_report(rows, args.out, run_id, environment=environment, run_info=info)
     stdout.write(f"report: {report.run_dir}\n")
     stdout.write(f"exit: {int(report.exit_code)} {report.exit_code.name}\n")
     return report.exit_code
@@ -178,23 +184,93 @@ def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
     return ExitCode.OK
 
 
-def _cmd_report(args: argparse.Namespace, stdout: TextIO) -> int:
+def _cmd_report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     run_dir: Path = args.run_dir
     df = load_results(run_dir)
-    report = write_report(df, run_dir.parent, run_dir.name, run_dir=run_dir, update_latest=False)
+    # run.json makes the re-render the run's own (run id, environment label, profiles).
+    info = runinfo.read_run_info(run_dir)
+    if info is None:
+        stderr.write(
+            f"note: {run_dir} has no {runinfo.RUN_INFO_FILE}: rendered without the run's "
+            "environment label, inventory and profiles\n"
+        )
+    report = write_report(
+        df,
+        run_dir.parent,
+        info.run_id if info else run_dir.name,
+        run_dir=run_dir,
+        update_latest=False,
+        run_info=info,
+    )
     stdout.write(
         f"report: {report.run_dir}\nexit: {int(report.exit_code)} {report.exit_code.name}\n"
     )
     return report.exit_code
 
 
+class _ReaderSafe(io.TextIOBase):
+    """An output stream that stops writing, without a word, once its reader has gone
+    (``python -m validate parse ... | head``): the command still finishes and returns its own
+    exit code. A ``run`` whose progress reader goes away still writes its report."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+        self.reader_gone = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self.reader_gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self.reader_gone = True
+
+    def release(self) -> None:
+        """Flush; if the reader has gone, point the file descriptor at /dev/null, so that the
+        interpreter's own flush at exit has nowhere to fail (Python's documented recipe for
+        SIGPIPE, see the ``signal`` module docs)."""
+        self.flush()
+        if not self.reader_gone:
+            return
+        try:
+            fd = self._stream.fileno()
+        except (OSError, ValueError, AttributeError):  # an in-memory stream: nothing to do
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
+
 def main(
     argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
     """Entry point; returns an ExitCode value and never raises (except SystemExit from a
-    caller's own code)."""
-    out = stdout or sys.stdout
-    err = stderr or sys.stderr
+    caller's own code). A reader that goes away ends the output, not the command."""
+    out = _ReaderSafe(stdout or sys.stdout)
+    err = _ReaderSafe(stderr or sys.stderr)
+    try:
+        return _dispatch(argv, cast(TextIO, out), cast(TextIO, err))
+    finally:
+        out.release()
+        err.release()
+
+
+def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int:
+    out = stdout
+    err = stderr
     logging.basicConfig(
         level=logging.WARNING, stream=err, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -205,7 +281,7 @@ def main(
         if args.cmd == "parse":
             return int(_cmd_parse(args, out))
         if args.cmd == "report":
-            return int(_cmd_report(args, out))
+            return int(_cmd_report(args, out, err))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
         return ExitCode.OK

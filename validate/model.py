@@ -53,6 +53,15 @@ class ExitCode(IntEnum):
     UNREACHABLE = 3  # at least one host could not be reached
 
 
+# What each exit code tells the person reading a report (README's table says the same).
+EXIT_MEANING: dict[ExitCode, str] = {
+    ExitCode.OK: "all checks pass (warnings allowed)",
+    ExitCode.CHECK_FAILED: "a check failed",
+    ExitCode.USAGE_OR_TOOL_ERROR: "usage or tool error",
+    ExitCode.UNREACHABLE: "unreachable hosts",
+}
+
+
 # Codes shared by the framework, the transport and the report.
 CODE_OK = "ok"
 CODE_UNREACHABLE = "host.unreachable"

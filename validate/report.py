@@ -9,18 +9,18 @@
 - ``fleet.csv``: per node and key figure: ``node, pool, figure, value, pool_median, ratio,
   outlier`` where ``outlier`` flags a node below ``(1 - OUTLIER_FRACTION)`` x its pool's median,
   even when it passed its fixed threshold.
-- ``summary.md`` and ``index.html`` (plots: bus bandwidth per node against its threshold; a
-  node x check status grid), ``junit.xml`` (a testsuite per node, a testcase per check),
-  ``metrics.prom`` (Prometheus textfile), and ``<out>/latest`` -> the newest run.
+- ``summary.md`` and ``index.html`` (the page: :mod:`validate.report_page`), ``junit.xml`` (a
+  testsuite per node, a testcase per check), ``metrics.prom`` (Prometheus textfile), ``run.json``
+  (the run's metadata, :mod:`validate.runinfo`, when the caller gives it), and
+  ``<out>/latest`` -> the newest run.
 
 Everything is vectorised: 10,000 nodes x 40 checks render in seconds.
 """
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import html
-import io
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,10 +32,19 @@ import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
-from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure
 
-from validate.model import COLUMNS, SEVERITY, CheckResult, ExitCode, Status, exit_code_for
+from validate.actions import action_for
+from validate.model import (
+    COLUMNS,
+    EXIT_MEANING,
+    SEVERITY,
+    CheckResult,
+    ExitCode,
+    Status,
+    exit_code_for,
+)
+from validate.report_page import html_page
+from validate.runinfo import RunInfo, write_run_info
 
 OUTLIER_FRACTION = 0.10
 # (check, metric) -> column name in nodes.csv / figure name in fleet.csv (all higher = better).
@@ -276,61 +285,6 @@ def prometheus(df: pd.DataFrame, nodes: pd.DataFrame, run_id: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _png(fig: Figure) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def plots(df: pd.DataFrame, nodes: pd.DataFrame) -> dict[str, str]:
-    """Base64 PNGs: ``busbw`` (per node vs its fail threshold) and ``grid`` (node x check)."""
-    out: dict[str, str] = {}
-    bus = df.loc[
-        (df["check"] == "nccl.allreduce") & (df["metric"] == "busbw_gbps") & df["value"].notna(),
-        ["node", "pool", "value", "fail"],
-    ].sort_values(["pool", "node"])
-    if not bus.empty:
-        # Figure without pyplot: no global backend state, safe outside the main thread.
-        fig = Figure(figsize=(10, 4))
-        ax = fig.subplots()
-        x = np.arange(len(bus))
-        for pool, grp in bus.groupby("pool", sort=False):
-            pos = x[(bus["pool"] == pool).to_numpy()]
-            ax.scatter(pos, grp["value"], s=8 if len(bus) > 200 else 24, label=str(pool))
-        ax.step(
-            x, bus["fail"].to_numpy(), where="mid", color="red", linewidth=1, label="fail threshold"
-        )
-        ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
-        ax.set_xlabel("node")
-        if len(bus) <= 40:
-            ax.set_xticks(x, bus["node"], rotation=90, fontsize=7)
-        ax.legend(fontsize=7)
-        out["busbw"] = _png(fig)
-    sev = df.assign(_sev=df["status"].cat.codes).pivot_table(
-        index="node", columns="check", values="_sev", aggfunc="max", observed=True
-    )
-    sev = sev.reindex(nodes["node"])
-    fig = Figure(figsize=(10, min(12.0, 1.5 + 0.25 * len(sev))))
-    ax = fig.subplots()
-    cmap = ListedColormap(["#bbbbbb", "#2ca02c", "#ffbf00", "#d62728", "#7f3fbf"])
-    ax.imshow(
-        sev.to_numpy(dtype=float),
-        aspect="auto",
-        cmap=cmap,
-        vmin=-0.5,
-        vmax=4.5,
-        interpolation="nearest",
-    )
-    ax.set_xticks(np.arange(len(sev.columns)), sev.columns, rotation=60, ha="right", fontsize=7)
-    if len(sev) <= 60:
-        ax.set_yticks(np.arange(len(sev)), sev.index, fontsize=7)
-    ax.set_title(
-        "node x check (grey skip, green pass, amber warn, red fail, purple error)", fontsize=8
-    )
-    out["grid"] = _png(fig)
-    return out
-
-
 def summary_markdown(
     df: pd.DataFrame,
     nodes: pd.DataFrame,
@@ -338,18 +292,33 @@ def summary_markdown(
     run_id: str,
     code: ExitCode,
     environment: str | None = None,
+    *,
+    run_info: RunInfo | None = None,
 ) -> str:
     """The human summary (Markdown). ``environment`` is the inventory's own label for where
-    the nodes are (``gpuready_environment``: "staging", or the lab's "SIMULATED" notice)."""
+    the nodes are (``gpuready_environment``: "staging", or the lab's "SIMULATED" notice);
+    ``run_info`` adds what the run was asked to do and the suite that did it."""
     counts = nodes["status"].astype(str).value_counts()
     lines = [
         f"# gpuready validation run {run_id}",
         "",
         *([f"**Environment: {environment}**", ""] if environment else []),
-        f"Exit code: {int(code)} ({code.name}). Nodes: {len(nodes)}; "
+        f"Exit code: {int(code)} ({code.name}: {EXIT_MEANING[code]}). Nodes: {len(nodes)}; "
         + ", ".join(f"{s} {int(counts.get(s, 0))}" for s in reversed(_STATUS_ORDER)),
         "",
     ]
+    if run_info is not None:
+        commit = (run_info.git_commit or "not a git checkout") + (
+            " (with local changes)" if run_info.git_dirty else ""
+        )
+        lines += [
+            f"Inventory {run_info.inventory}, limit {run_info.limit or 'none'}, "
+            f"{len(run_info.checks)} checks, profiles "
+            + (", ".join(sorted({p.name for p in run_info.profiles})) or "none")
+            + f". Started {run_info.started}, finished {run_info.finished or 'not recorded'}. "
+            f"gpuready {run_info.suite_version}, commit {commit}.",
+            "",
+        ]
     bad = nodes[nodes["status"].astype(str).isin(["fail", "error", "warn"])]
     if not bad.empty:
         lines += [
@@ -373,8 +342,20 @@ def summary_markdown(
         .sort_values(ascending=False)
     )
     if not codes.empty:
-        lines += ["## Fault codes", "", "| code | status | rows |", "|---|---|---|"]
-        lines += [f"| {c} | {s} | {int(n)} |" for (c, s), n in codes.head(50).items()]
+        lines += [
+            "## Fault codes",
+            "",
+            "| code | status | rows | what to do (source) |",
+            "|---|---|---|---|",
+        ]
+        for (c, s), n in codes.head(50).items():
+            action = action_for(str(c))
+            todo = (
+                f"{action.action} ({action.source.title})"
+                if action
+                else "no catalogued action: read the detail"
+            )
+            lines.append(f"| {c} | {s} | {int(n)} | {todo.replace('|', '/')} |")
         lines.append("")
     out = fleet[fleet["outlier"]] if not fleet.empty else fleet
     if not out.empty:
@@ -393,23 +374,6 @@ def summary_markdown(
     return "\n".join(lines)
 
 
-def html_page(markdown: str, images: dict[str, str], nodes: pd.DataFrame, run_id: str) -> str:
-    """A self-contained HTML page: the summary text, the plots, the non-passing nodes."""
-    bad = nodes[nodes["status"].astype(str) != "pass"].head(500)
-    imgs = "".join(
-        f'<h2>{html.escape(k)}</h2><img alt="{html.escape(k)}" src="data:image/png;base64,{v}">'
-        for k, v in images.items()
-    )
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>gpuready {html.escape(run_id)}</title>"
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}</style></head><body>"
-        f"<pre>{html.escape(markdown)}</pre>{imgs}<h2>Nodes not passing</h2>"
-        f"{bad.to_html(index=False, na_rep='')}</body></html>\n"
-    )
-
-
 def write_report(
     results: Sequence[CheckResult] | pd.DataFrame,
     out_root: Path,
@@ -418,8 +382,12 @@ def write_report(
     run_dir: Path | None = None,
     update_latest: bool = True,
     environment: str | None = None,
+    run_info: RunInfo | None = None,
 ) -> Report:
-    """Write every report file for a run into ``out_root/run_id`` (or ``run_dir``)."""
+    """Write every report file for a run into ``out_root/run_id`` (or ``run_dir``).
+
+    ``run_info`` (the run's metadata) is written as run.json with the exit code and heads the
+    human pages; its environment label is used when ``environment`` is not given."""
     df = results if isinstance(results, pd.DataFrame) else to_frame(results)
     target = run_dir or out_root / run_id
     target.mkdir(parents=True, exist_ok=True)
@@ -427,6 +395,8 @@ def write_report(
         [Status(s) for s in df["status"].astype(str).unique()],
         list(df["code"].unique()),
     )
+    env = environment if environment is not None or run_info is None else run_info.environment
+    info = dataclasses.replace(run_info, exit_code=int(code)) if run_info else None
     nodes = node_summary(df)
     fleet = fleet_view(df)
     table = pa.Table.from_pandas(df.assign(status=df["status"].astype(str)), preserve_index=False)
@@ -434,9 +404,13 @@ def write_report(
     pa_csv.write_csv(table, target / "results.csv")
     nodes.to_csv(target / "nodes.csv", index=False)
     fleet.to_csv(target / "fleet.csv", index=False)
-    md = summary_markdown(df, nodes, fleet, run_id, code, environment)
+    md = summary_markdown(df, nodes, fleet, run_id, code, env, run_info=info)
     (target / "summary.md").write_text(md)
-    (target / "index.html").write_text(html_page(md, plots(df, nodes), nodes, run_id))
+    page = html_page(df, nodes, fleet, run_id, code, environment=env, info=info,
+                     outlier_fraction=OUTLIER_FRACTION)
+    (target / "index.html").write_text(page)
+    if info is not None:
+        write_run_info(target, info)
     (target / "junit.xml").write_text(junit_xml(df))
     (target / "metrics.prom").write_text(prometheus(df, nodes, run_id))
     if update_latest and target.parent == out_root:

@@ -87,6 +87,17 @@ def _row(
     )
 
 
+def profile_for(node: Node) -> Profile:
+    """The node's profile with its inventory overrides, as its checks judge against it (and as
+    run.json records it). Raises ProfileError."""
+    return load_profile(
+        node.profile,
+        node.vars.get("gpu_thresholds"),
+        inventory_vars=node.vars,
+        override_source=f"inventory gpu_thresholds ({node.name})",
+    )
+
+
 def run_node(
     node: Node,
     checks: Sequence[Check],
@@ -98,12 +109,7 @@ def run_node(
     """All selected checks on one node, as rows. Never raises for node or tool trouble."""
     if profile is None:
         try:
-            profile = load_profile(
-                node.profile,
-                node.vars.get("gpu_thresholds"),
-                inventory_vars=node.vars,
-                override_source=f"inventory gpu_thresholds ({node.name})",
-            )
+            profile = profile_for(node)
         except ProfileError as exc:
             return [
                 _row(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -139,9 +140,13 @@ def _run_dir(stdout: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def full_run(fleet: LabState, tmp_path_factory: pytest.TempPathFactory
-             ) -> tuple[int, pd.DataFrame, float]:
-    out = tmp_path_factory.mktemp("reports")
+def lab_reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("reports")
+
+
+@pytest.fixture(scope="module")
+def full_run(fleet: LabState, lab_reports: Path) -> tuple[int, pd.DataFrame, float]:
+    out = lab_reports
     started = time.monotonic()
     rc, stdout, _ = _validate("--out", str(out))
     elapsed = time.monotonic() - started
@@ -199,6 +204,28 @@ def test_unreachable_host_and_exit_code(fleet: LabState,
     rows = results[results["node"] == host.name]
     assert set(rows["code"]) == {"host.unreachable"}
     assert rc == ExitCode.UNREACHABLE
+
+
+def test_rerender_equals_the_run(full_run: tuple[int, pd.DataFrame, float], lab_reports: Path,
+                                 tmp_path: Path) -> None:
+    """`validate report` on the lab run's results and run.json renders every file again byte
+    for byte, the SIMULATED environment label included."""
+    _, results, _ = full_run
+    run_dir = lab_reports / str(results["run_id"].iloc[0])
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    kept = ("results.parquet", "results.csv", "run.json")
+    for rendered in copy.iterdir():
+        if rendered.name not in kept:
+            rendered.unlink()
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["report", str(copy)], stdout=out, stderr=err) == ExitCode.UNREACHABLE
+    assert err.getvalue() == ""
+    names = sorted(f.name for f in run_dir.iterdir())
+    assert names == sorted(f.name for f in copy.iterdir()) and "run.json" in names
+    assert [n for n in names if (run_dir / n).read_bytes() != (copy / n).read_bytes()] == []
+    assert "SIMULATED" in (copy / "summary.md").read_text()
+    assert "SIMULATED" in (copy / "index.html").read_text()
 
 
 def test_exit_codes_for_pass_and_fail(fleet: LabState, tmp_path: Path) -> None:

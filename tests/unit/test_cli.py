@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import json
-import socket
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tests.conftest import REPO_ROOT, closed_port
 from validate.cli import PARSERS, main
 from validate.model import ExitCode
 
@@ -71,14 +74,6 @@ def test_usage_errors_and_help() -> None:
     assert code == ExitCode.OK and "nccl.allreduce" in out
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _inventory(root: Path, hosts: str) -> Path:
     (root / "group_vars").mkdir(parents=True)
     (root / "hosts.yml").write_text(hosts)
@@ -96,7 +91,7 @@ all:
       children:
         pool_h100_sxm:
           hosts:
-            dead-01: {{ansible_host: 127.0.0.1, ansible_port: {_closed_port()}}}
+            dead-01: {{ansible_host: 127.0.0.1, ansible_port: {closed_port()}}}
 """,
     )
     code, out, err = _main(
@@ -112,11 +107,19 @@ all:
     )
     assert code == ExitCode.UNREACHABLE, err
     assert "[1/1] dead-01: error" in err and "report:" in out
-    rows = pd.read_parquet(tmp_path / "reports" / "t1" / "results.parquet")
+    run_dir = tmp_path / "reports" / "t1"
+    rows = pd.read_parquet(run_dir / "results.parquet")
     assert len(rows) == 12 and set(rows["code"]) == {"host.unreachable"}
-    # render again from the stored results: same verdict
-    code, out, _ = _main("report", str(tmp_path / "reports" / "t1"))
+    info = json.loads((run_dir / "run.json").read_text())
+    assert (info["run_id"], info["inventory"], info["limit"], info["exit_code"]) == (
+        "t1", str(inv.resolve()), None, ExitCode.UNREACHABLE)
+    assert info["checks_requested"] == "gpu.*,node.services" and len(info["checks"]) == 12
+    assert [p["nodes"] for p in info["profiles"]] == [["dead-01"]]
+    # render again from the stored results and run.json: the same files, byte for byte
+    before = {f.name: f.read_bytes() for f in run_dir.iterdir()}
+    code, out, _ = _main("report", str(run_dir))
     assert code == ExitCode.UNREACHABLE and "UNREACHABLE" in out
+    assert {f.name: f.read_bytes() for f in run_dir.iterdir()} == before
 
 
 def test_run_local_connection_missing_tools_is_a_tool_error(tmp_path: Path) -> None:
@@ -162,3 +165,49 @@ def test_run_bad_inputs_are_usage_errors(tmp_path: Path) -> None:
     assert code == ExitCode.USAGE_OR_TOOL_ERROR and "no check matches" in err
     code, _, err = _main("run", "-i", str(inv), "--limit", "zzz")
     assert code == ExitCode.USAGE_OR_TOOL_ERROR and "no GPU nodes" in err
+
+
+def _closed_pipe() -> int:
+    """The write end of a pipe whose reader has already gone (`| head` once it has its lines):
+    every write to it fails with EPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end
+
+
+def _validate_proc(*argv: str, stdout: int, stderr: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "validate", *argv], cwd=REPO_ROOT,
+                          stdout=stdout, stderr=stderr, text=True, timeout=120, check=False)
+
+
+def test_parse_into_a_closed_pipe_is_quiet_and_succeeds(fixtures_dir: Path) -> None:
+    """`python -m validate parse ... | head`: no BrokenPipe error line, no traceback, exit 0."""
+    w = _closed_pipe()
+    try:
+        proc = _validate_proc("parse", "nvidia-smi-xml", str(fixtures_dir / REAL["nvidia-smi-xml"]),
+                              stdout=w, stderr=subprocess.PIPE)
+    finally:
+        os.close(w)
+    assert (proc.returncode, proc.stderr) == (ExitCode.OK, "")
+
+
+def test_run_whose_readers_went_away_still_reports_with_its_own_exit_code(tmp_path: Path) -> None:
+    """Progress (stderr) and result lines (stdout) both into closed pipes: the run still writes
+    its report and exits with the run's code, not a pipe error."""
+    inv = _inventory(
+        tmp_path / "inv",
+        "all:\n  children:\n    gpu_nodes:\n      children:\n        pool_h100_sxm:\n"
+        f"          hosts:\n            dead-01: {{ansible_host: 127.0.0.1, "
+        f"ansible_port: {closed_port()}}}\n",
+    )
+    out_w, err_w = _closed_pipe(), _closed_pipe()
+    try:
+        proc = _validate_proc("run", "-i", str(inv), "--checks", "gpu.count", "--out",
+                              str(tmp_path / "reports"), "--run-id", "piped",
+                              stdout=out_w, stderr=err_w)
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    assert proc.returncode == ExitCode.UNREACHABLE
+    rows = pd.read_csv(tmp_path / "reports" / "piped" / "results.csv")
+    assert set(rows["code"]) == {"host.unreachable"}

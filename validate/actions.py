@@ -1,0 +1,374 @@
+"""What an operator does about each fault code the checks emit, and where that advice comes from.
+
+The report page shows, for every fault code on a node, what it means, what to do, and the
+source the advice rests on: NVIDIA's Xid catalog (via :mod:`validate.xid_catalog`), NVIDIA's GPU
+memory error management and dynamic page retirement notes, NVIDIA's GPU debug guidelines, the
+NVML clock event reasons, the fabric manager guide, nccl-tests' and NCCL's own docs, fio's and
+systemd's manuals, and, for the suite's own codes (transport, profile, inventory), this suite's
+documented behaviour.
+
+Schema: ``ACTIONS: dict[code, Action(meaning, action, source, url)]`` for fixed codes, plus two
+families resolved by :func:`action_for`: ``gpu.xid.<n>`` (the Xid catalog) and
+``gpu.throttle.<reason>`` (NVML clock event reasons). ``action_for`` returns ``None`` for a
+code nobody catalogued; the report then says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from validate import xid_catalog
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where the advice comes from: a title, and a public URL when there is one."""
+
+    title: str
+    url: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """What a fault code means, what the operator does about it, and the advice's source."""
+
+    meaning: str
+    action: str
+    source: Source
+
+
+XID_CATALOG = Source("NVIDIA: Analyzing Xid Errors with the Xid Catalog", xid_catalog.CATALOG_URL)
+MEMORY_ERRORS = Source(
+    "NVIDIA GPU Memory Error Management (row remapping, recovery flags, RMA policy)",
+    "https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/index.html",
+)
+PAGE_RETIREMENT = Source(
+    "NVIDIA Dynamic Page Retirement",
+    "https://docs.nvidia.com/deploy/dynamic-page-retirement/index.html",
+)
+DEBUG_GUIDE = Source(
+    "NVIDIA GPU Debug Guidelines", "https://docs.nvidia.com/deploy/gpu-debug-guidelines/index.html"
+)
+PERSISTENCE = Source(
+    "NVIDIA Driver Persistence", "https://docs.nvidia.com/deploy/driver-persistence/index.html"
+)
+CLOCK_REASONS = Source(
+    "NVML API: clocks event reasons",
+    "https://docs.nvidia.com/deploy/nvml-api/group__nvmlClocksEventReasons.html",
+)
+FABRIC_MANAGER = Source(
+    "NVIDIA Fabric Manager User Guide",
+    "https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/index.html",
+)
+NCCL_TESTS_PERF = Source(
+    "nccl-tests: Performance reported by NCCL tests (doc/PERFORMANCE.md)",
+    "https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md",
+)
+NCCL_TROUBLESHOOTING = Source(
+    "NCCL User Guide: Troubleshooting",
+    "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html",
+)
+NCCL_NETWORK = Source(
+    "NCCL User Guide: Networking Troubleshooting (NIC-level diagnostics, ibstat)",
+    "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting/"
+    "networking_troubleshooting.html",
+)
+DCGM_DIAG = Source(
+    "NVIDIA DCGM Diagnostics",
+    "https://docs.nvidia.com/datacenter/dcgm/latest/user-guide/dcgm-diagnostics.html",
+)
+FIO_DOCS = Source("fio documentation", "https://fio.readthedocs.io/en/latest/fio_doc.html")
+SYSTEMCTL = Source(
+    "systemctl(1)", "https://www.freedesktop.org/software/systemd/man/latest/systemctl.html"
+)
+OPENSSH = Source("ssh(1): verifying host keys", "https://man.openbsd.org/ssh#VERIFYING_HOST_KEYS")
+SUITE = Source("gpuready README: Validators (this suite's own behaviour)")
+
+_DRAIN = "Drain the node (kubectl drain) before touching the GPU"
+
+ACTIONS: dict[str, Action] = {
+    # The suite's own codes: the transport, the framework, the inputs.
+    "host.unreachable": Action(
+        "The node did not answer over SSH (refused, timed out, no route).",
+        "Check power and boot state on the BMC console, that sshd runs, and the inventory's "
+        "ansible_host/ansible_port; the node stays out of service until it validates.",
+        SUITE,
+    ),
+    "host.auth_failed": Action(
+        "SSH refused the login (user or key).",
+        "Check ansible_user, the key (ansible_ssh_private_key_file or the ssh-agent) and the "
+        "node's authorized_keys.",
+        SUITE,
+    ),
+    "host.hostkey_rejected": Action(
+        "The node's host key is missing from known_hosts or differs from it.",
+        "Do not accept it blindly: confirm on the console that the node was reinstalled, then "
+        "replace its known_hosts entry with the key read over a trusted path.",
+        OPENSSH,
+    ),
+    "tool.timeout": Action(
+        "A command did not finish within its timeout and was killed.",
+        "Look on the node for a hung nvidia-smi (state D) and Xid events in the kernel log; a "
+        "driver that no longer answers needs a GPU reset or a reboot.",
+        DEBUG_GUIDE,
+    ),
+    "tool.exit_nonzero": Action(
+        "A tool exited with an error.",
+        "Read the tool's last lines in the detail and run the same command on the node.",
+        SUITE,
+    ),
+    "tool.parse_error": Action(
+        "A tool printed something the parser does not recognise.",
+        "Compare the tool's version on the node with the pinned one (gpu_validation_tools role); "
+        "if the format is new, keep the output as a capture and extend the parser.",
+        SUITE,
+    ),
+    "tool.not_found": Action(
+        "The tool is not installed on the node.",
+        "Converge the node (playbooks/bootstrap.yml, tag gpu_validation_tools) so the pinned "
+        "tools are installed.",
+        SUITE,
+    ),
+    "check.internal_error": Action(
+        "The check itself crashed (a bug in the suite); the node's other checks still ran.",
+        "Report it with the detail; rerun the check after the fix.",
+        SUITE,
+    ),
+    "profile.invalid": Action(
+        "The node's SKU profile or its gpu_thresholds override could not be loaded.",
+        "Fix the file and key named in the detail (validate/profiles/<name>.yml or the "
+        "inventory's gpu_thresholds).",
+        SUITE,
+    ),
+    "inventory.invalid": Action(
+        "An inventory variable has the wrong type.",
+        "Fix the variable named in the detail in the pool's or host's vars.",
+        SUITE,
+    ),
+    "storage.path_refused": Action(
+        "The scratch or checkpoint path is not a plain, safe directory; nothing was written.",
+        "Point gpuready_scratch_path / gpuready_checkpoint_path at a plain directory on the "
+        "node's local NVMe mount.",
+        SUITE,
+    ),
+    "storage.no_space": Action(
+        "The scratch path has less free space than the test needs (size x 1.1 + 256 MiB).",
+        "Free space on that mount or point the check at a larger one.",
+        SUITE,
+    ),
+    # Driver and inventory pins.
+    "gpu.driver.not_loaded": Action(
+        "nvidia-smi cannot talk to the driver: the kernel module is not loaded.",
+        "Look for NVRM errors in the kernel log, check that DKMS built the module for the "
+        "running kernel (dkms status) and Secure Boot signing; converge the nvidia_driver role "
+        "and reboot.",
+        DEBUG_GUIDE,
+    ),
+    "gpu.driver.version_mismatch": Action(
+        "The running driver is not the version the inventory pins.",
+        "Converge the nvidia_driver role (the pin wins) and reboot so the new module loads.",
+        SUITE,
+    ),
+    "gpu.driver.no_pin": Action(
+        "The inventory pins no driver version, so the driver was not judged.",
+        "Set nvidia_driver_version in the pool's group_vars.",
+        SUITE,
+    ),
+    # Hardware against the profile.
+    "gpu.count.missing": Action(
+        "Fewer GPUs than the profile expects are visible to the driver.",
+        f"{_DRAIN}; look for Xid 79 (fallen off the bus) in the kernel log and for the GPU in "
+        "`lspci -d 10de:`; reboot once, then reseat or replace with the vendor if it stays gone.",
+        DEBUG_GUIDE,
+    ),
+    "gpu.count.extra": Action(
+        "More GPUs than the profile expects: the node is probably in the wrong pool.",
+        "Move the node to the pool (inventory group) that matches its hardware.",
+        SUITE,
+    ),
+    "gpu.model.mismatch": Action(
+        "The GPU model differs from the profile's.",
+        "Move the node to the pool that matches its hardware, or fix the pool's gpu_profile.",
+        SUITE,
+    ),
+    "gpu.memory.mismatch": Action(
+        "GPU memory differs from the profile's.",
+        "If the model matches, check `nvidia-smi -q` for MIG mode and retired or remapped "
+        "memory; otherwise move the node to the pool that matches its hardware.",
+        MEMORY_ERRORS,
+    ),
+    "gpu.ecc.uncorrectable": Action(
+        "Uncorrectable (double-bit) ECC errors since the driver loaded.",
+        f"{_DRAIN}; reset the GPU (nvidia-smi -r) so row remapping takes effect, check "
+        "remapped rows and Xid 48/63/64/94/95; replace the GPU if it recurs.",
+        MEMORY_ERRORS,
+    ),
+    "gpu.ecc.correctable": Action(
+        "Correctable ECC errors above the profile's limit.",
+        "Watch the rate; reset the GPU at the next maintenance window; replace it if the rate "
+        "stays high (Xid 92).",
+        MEMORY_ERRORS,
+    ),
+    "gpu.ecc.remap_pending": Action(
+        "A memory row is marked for remapping, which happens at the next GPU reset.",
+        f"{_DRAIN}, then reset the GPU (nvidia-smi -r) so the remapping takes effect.",
+        MEMORY_ERRORS,
+    ),
+    "gpu.ecc.remap_failure": Action(
+        "Row remapping failed: the bank has no spare rows left.",
+        f"{_DRAIN} and take it out of service: NVIDIA's RMA policy treats a remapping failure "
+        "as grounds to replace the GPU.",
+        MEMORY_ERRORS,
+    ),
+    "gpu.ecc.retired_pending": Action(
+        "Pages are marked for retirement that only takes effect after a reset.",
+        f"{_DRAIN}, then reset the GPU or reload the driver so the retirement takes effect.",
+        PAGE_RETIREMENT,
+    ),
+    "gpu.pcie.degraded": Action(
+        "A GPU's PCIe link runs below its maximum generation or width, or below the profile's.",
+        "Rerun under load (idle GPUs lower the link speed); if it stays low, reseat the GPU or "
+        "riser, check the slot's BIOS settings and the kernel log for AER errors.",
+        DEBUG_GUIDE,
+    ),
+    "gpu.persistence.disabled": Action(
+        "Persistence mode is off on some GPUs: each new process pays the GPU's initialisation.",
+        "Enable and start nvidia-persistenced (the nvidia_driver role does) and check it runs.",
+        PERSISTENCE,
+    ),
+    "gpu.nvlink.down": Action(
+        "Fewer NVLinks are active than the profile expects.",
+        "Check `nvidia-smi nvlink -s` and `-e` and the fabric manager (NVSwitch systems); "
+        "reset the GPUs; if links stay down, the baseboard needs the vendor.",
+        FABRIC_MANAGER,
+    ),
+    "gpu.topology.gpu_count": Action(
+        "`nvidia-smi topo -m` shows a different number of GPUs than the profile.",
+        "Treat as gpu.count: look for a GPU that fell off the bus.",
+        DEBUG_GUIDE,
+    ),
+    "gpu.topology.no_nvlink": Action(
+        "GPU pairs talk over PCIe where the pool's topology has NVLink.",
+        "Check that nvidia-fabricmanager is running (NVSwitch systems) and the NVLink state.",
+        FABRIC_MANAGER,
+    ),
+    "gpu.topology.unexpected_nvlink": Action(
+        "NVLink found where the pool's topology says PCIe: the node is in the wrong pool.",
+        "Move the node to the pool that matches its hardware.",
+        SUITE,
+    ),
+    "gpu.topology.nic_far": Action(
+        "Some GPUs have no RDMA NIC on their PCIe switch: GPU-NIC traffic crosses the CPU.",
+        "Check the NIC placement and PCIe/ACS settings against the platform's reference.",
+        NCCL_TROUBLESHOOTING,
+    ),
+    # Fabric.
+    "fabric.ib.port_down": Action(
+        "Fewer fabric ports are Active/LinkUp than the profile expects.",
+        "Check cables and transceivers, the switch port, and the subnet manager (ibstat, "
+        "iblinkinfo) before the node takes multi-node jobs.",
+        NCCL_NETWORK,
+    ),
+    "fabric.ib.rate_low": Action(
+        "A fabric port trained below the profile's rate.",
+        "Reseat or replace the cable or transceiver; check the switch port's configured speed.",
+        NCCL_NETWORK,
+    ),
+    # Benchmarks.
+    "nccl.allreduce.low_busbw": Action(
+        "Single-node all-reduce bus bandwidth is below the profile's floor.",
+        "Look at gpu.nvlink, gpu.pcie and gpu.throttle on the same node; rerun all_reduce_perf "
+        "with NCCL_DEBUG=INFO to see the transport NCCL chose.",
+        NCCL_TESTS_PERF,
+    ),
+    "nccl.allreduce.wrong_results": Action(
+        "all_reduce_perf found wrong values: data corruption.",
+        f"{_DRAIN} at once; run DCGM diagnostics (dcgmi diag -r 3) to find the GPU, and replace "
+        "it.",
+        DCGM_DIAG,
+    ),
+    "nccl.allreduce.incomplete": Action(
+        "all_reduce_perf printed no result at the tested size.",
+        "Rerun with NCCL_DEBUG=WARN and read NCCL's warning.",
+        NCCL_TROUBLESHOOTING,
+    ),
+    # Storage.
+    "storage.fio.seq_write_mibps_low": Action(
+        "Sequential write to the scratch disk is below its drive class's floor.",
+        "Check the drive's health (nvme smart-log), that the path is on the local NVMe, and the "
+        "mount options.",
+        FIO_DOCS,
+    ),
+    "storage.fio.seq_read_mibps_low": Action(
+        "Sequential read from the scratch disk is below its drive class's floor.",
+        "Check the drive's health (nvme smart-log), that the path is on the local NVMe, and the "
+        "mount options.",
+        FIO_DOCS,
+    ),
+    "storage.fio.randread_4k_iops_low": Action(
+        "4 KiB random reads per second are below the drive class's floor.",
+        "Check the drive's health (nvme smart-log) and that the path is on the local NVMe.",
+        FIO_DOCS,
+    ),
+    "storage.checkpoint.write_slow": Action(
+        "Writing a checkpoint-sized file was slower than the profile allows.",
+        "Check the checkpoint path's drive and mount; a network or overlay mount there slows "
+        "every checkpoint.",
+        SUITE,
+    ),
+    "storage.checkpoint.read_slow": Action(
+        "Reading a checkpoint back was slower than the profile allows.",
+        "Check the checkpoint path's drive and mount.",
+        SUITE,
+    ),
+    # Services.
+    "node.services.inactive": Action(
+        "A unit the node needs (containerd, kubelet, nvidia-persistenced, fabric manager) is "
+        "not active.",
+        "Read `systemctl status <unit>` and `journalctl -u <unit>` on the node; converge the "
+        "bootstrap roles.",
+        SYSTEMCTL,
+    ),
+}
+
+# NVML clock event reasons the profiles judge (validate/profiles/*.yml, throttle.*_reasons).
+_THROTTLE: dict[str, tuple[str, str]] = {
+    "hw_slowdown": (
+        "HW slowdown engaged (clocks cut by half or more): temperature too high, external "
+        "power brake, or power draw too high.",
+        "Check GPU and inlet temperatures and the BMC's power events; drain the node if it stays.",
+    ),
+    "hw_thermal_slowdown": (
+        "HW thermal slowdown engaged: the GPU is too hot.",
+        "Check fans, airflow and inlet temperature on the BMC; drain the node if it stays.",
+    ),
+    "hw_power_brake_slowdown": (
+        "HW power brake engaged: the power supply asserted the brake.",
+        "Check the power supplies and the BMC's power events.",
+    ),
+    "sw_thermal_slowdown": (
+        "SW thermal slowdown: the driver lowers clocks to stay under its temperature target.",
+        "Check cooling; a GPU that runs hot under light load needs airflow looked at.",
+    ),
+    "sw_power_cap": (
+        "SW power cap: clocks held to stay under the power limit.",
+        "Check the power limit (nvidia-smi -q -d POWER) against the SKU's default.",
+    ),
+}
+
+
+def action_for(code: str) -> Action | None:
+    """The catalogued action for ``code``, or None when nobody catalogued it."""
+    if code in ACTIONS:
+        return ACTIONS[code]
+    family, _, tail = code.rpartition(".")
+    if family == "gpu.xid" and tail.isdigit():
+        info = xid_catalog.lookup(int(tail))
+        return Action(f"Xid {tail}: {info.summary} ({info.severity}).", info.action, XID_CATALOG)
+    if family == "gpu.throttle":
+        meaning, action = _THROTTLE.get(
+            tail,
+            (f"Clock event reason {tail} is active.", "Read the reason in NVML's list."),
+        )
+        return Action(meaning, action, CLOCK_REASONS)
+    return None
