@@ -20,7 +20,7 @@ capture exists, so the H100 pool runs no NCCL). What each node's rows come from:
     single node at 231.72 GB/s, no Xid, fio on a VM disk.
   - gpu-a100-03: every NVLink inactive: fail.
   - gpu-a100-04: ibstat after an ibpanic on a ninth device (its 8 ports active: pass, the
-    panic in the detail), all_reduce_perf's "system not yet initialized" failure (error),
+    panic in the detail), nccl-tests' CUDA failure ("invalid device ordinal", error),
     Xid 13 and 43 (application faults: pass).
 """
 
@@ -119,20 +119,20 @@ def _verdicts(cap: _Captures, node: Node, p: Profile) -> dict[str, Callable[[], 
         ecc_log = nvidia_smi_q.parse(cap.text(
             "nvidia-smi-q-text/a100-sxm4-80gb-remapped-rows-pending-dram-correctable-excerpt.txt"))
     throttle_log = h100_log if name == "gpu-h100-04" else nvidia_smi_q.parse(
-        cap.text("nvidia-smi-q-text/h100-80gb-hbm3-sxm-della-drv560-a.txt"))
+        cap.text("nvidia-smi-q-text/h100-80gb-hbm3-sxm-vm-drv590-idle.txt"))
     nvlink = {
         "gpu-a100-03": "nvidia-smi-nvlink/a100-sxm4-80gb-nvlink-s-all-links-inactive.txt",
     }.get(name, "nvidia-smi-nvlink/h100-sxm-nvlink-s-18links.txt" if "h100" in name
           else "nvidia-smi-nvlink/a100-x8-nvlink-status-all-gpus.txt")
-    topo = ("nvidia-smi-topo/h100-sxm-8gpu-nv18-6nic-legend-empty-cpu-affinity.txt"
-            if "h100" in name else "nvidia-smi-topo/dgx-a100-8gpu-nv12-12x-mlx5-4numa-tabs.txt")
+    topo = ("nvidia-smi-topo/h100-sxm-8gpu-nv18-ht-affinity-docspaces.txt" if "h100" in name
+            else "nvidia-smi-topo/a100-sxm4-40gb-8gpu-nv12-10nic-legend-epyc7742-4numa-tabs.txt")
     ib = {"gpu-a100-04": "ibstat/ibstat-a100-azure-hdr200-ibpanic-exit255.txt"}.get(
         name, "ibstat/ibstat-h100-node-all-active-ndr400-spaces.txt" if "h100" in name
         else "ibstat/ibstat-a100-node-all-active.txt")
     kernel_log = {"gpu-h100-05": "dmesg-xid/xid63-row-remapper-new-row-marked.txt",
                   "gpu-a100-04": "dmesg-xid/xid13-xid43-dmesg-decode-iso-635-lines.log"}.get(name)
-    nccl_out = ("nccl-tests/all_reduce_perf-8x-h100-cuda-system-not-yet-initialized-failure.txt"
-                if name == "gpu-a100-04"
+    nccl_out = ("nccl-tests/all_gather_perf-4worker-b200-test-cuda-failure-invalid-device-"
+                "ordinal-excerpt.txt" if name == "gpu-a100-04"
                 else "nccl-tests/all_reduce_perf-8x-a100-sxm4-80gb-single-node-nccl2.16.2.txt")
     pin = node.vars.get("nvidia_driver_version")
     window = p.value("xid.window", str)
