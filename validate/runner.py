@@ -17,6 +17,7 @@ rows as the node finishes, in the supervisor's thread (the CLI appends them to d
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import secrets
@@ -228,6 +229,42 @@ class _Running:
             LOG.exception("aborting %s failed", self.node.name)
 
 
+# The inventory variables load_profile() reads besides the profile name.
+_PROFILE_VARS = (
+    "gpu_thresholds",
+    "gpuready_drive_class",
+    "gpuready_scratch_path",
+    "gpuready_checkpoint_path",
+)
+
+
+class _Profiles:
+    """Profiles loaded once per distinct (profile, overrides): parsing the YAML costs ~50 ms,
+    and 64 workers doing it at once held the supervisor's thread starts for seconds."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loaded: dict[tuple[str, str], Profile] = {}
+
+    def get(self, node: Node) -> Profile | None:
+        """The node's profile, or None to let run_node report the error (named per node)."""
+        overrides = json.dumps({k: node.vars.get(k) for k in _PROFILE_VARS}, sort_keys=True,
+                               default=repr)
+        key = (node.profile, overrides)
+        with self._lock:
+            if key not in self._loaded:
+                try:
+                    self._loaded[key] = load_profile(
+                        node.profile,
+                        node.vars.get("gpu_thresholds"),
+                        inventory_vars=node.vars,
+                        override_source=f"inventory gpu_thresholds ({node.name})",
+                    )
+                except ProfileError:
+                    return None
+            return self._loaded[key]
+
+
 @dataclass
 class _Supervisor:
     nodes: Sequence[Node]
@@ -245,6 +282,7 @@ class _Supervisor:
     finished: queue.SimpleQueue[tuple[str, list[CheckResult], float]] = field(
         default_factory=queue.SimpleQueue
     )
+    profiles: _Profiles = field(default_factory=_Profiles)
 
     def finish(self, node: Node, rows: list[CheckResult], took: float, notify: bool) -> None:
         self.results[node.name] = rows
@@ -276,7 +314,8 @@ class _Supervisor:
     def work(self, node: Node, transport: Transport) -> None:
         start = time.monotonic()
         try:
-            rows = run_node(node, self.checks, self.run_id, transport, self.default_timeout_s)
+            rows = run_node(node, self.checks, self.run_id, transport, self.default_timeout_s,
+                            self.profiles.get(node))
         except BaseException as exc:  # run_node turns failures into rows; this is a backstop
             LOG.exception("node %s crashed", node.name)
             rows = rows_for(self.run_id, node, self.checks, CODE_INTERNAL,

@@ -37,6 +37,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hmac
 import logging
 import select
 import shlex
@@ -151,6 +152,31 @@ def load_known_hosts(path: Path) -> KnownHosts:
     for lineno, reason in skipped:
         LOG.warning("%s:%d skipped: %s", path, lineno, reason)
     return KnownHosts(tuple(entries), tuple(revoked), tuple(skipped))
+
+
+# Parsed known_hosts files by (path, mtime, size): a fleet's workers share one file, and
+# parsing every key of it once per node made the parse quadratic in the fleet size.
+_KNOWN_HOSTS: dict[tuple[str, int, int], KnownHosts] = {}
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def _known_hosts_cached(path: Path) -> KnownHosts:
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    with _KNOWN_HOSTS_LOCK:  # the others wait for one parse instead of each doing it
+        known = _KNOWN_HOSTS.get(key)
+        if known is None:
+            known = _KNOWN_HOSTS[key] = load_known_hosts(path)
+    return known
+
+
+def _name_matches(entry: str, lookup: str) -> bool:
+    """A known_hosts name (plain or OpenSSH-hashed ``|1|salt|hash``) against a host name."""
+    if entry == lookup:
+        return True
+    return entry.startswith("|1|") and hmac.compare_digest(
+        paramiko.HostKeys.hash_host(lookup, entry), entry
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,12 +386,16 @@ class SSHTransport:
         client = paramiko.SSHClient()
         if cfg.known_hosts is not None:
             try:
-                known = load_known_hosts(cfg.known_hosts)
+                known = _known_hosts_cached(cfg.known_hosts)
             except OSError as exc:
                 raise HostKeyRejected(cfg.host, f"cannot read known_hosts: {exc}") from exc
+            # paramiko looks a host up under "addr" (port 22) or "[addr]:port"; only those
+            # entries go into this connection's store (HostKeys.add is linear per entry).
+            lookup = cfg.address if cfg.port == 22 else f"[{cfg.address}]:{cfg.port}"
             store = client.get_host_keys()
             for name, key in known.entries:
-                store.add(name, key.get_name(), key)
+                if _name_matches(name, lookup):
+                    store.add(name, key.get_name(), key)
             revoked = known.revoked
         else:
             revoked = ()
@@ -537,10 +567,11 @@ class SSHTransport:
                 duration,
                 True,
             )
-        # Closed without EOF and status: the connection dropped or was torn down (sshd sends
-        # EOF before closing, also for a command killed by a signal, which has no status).
-        if not _has_status(chan) and (
-            not chan.eof_received or not transport.is_active() or self._broken()
+        # Ended without EOF: the connection dropped or was torn down (an abort, the
+        # watchdog), even when the status had come. sshd sends EOF before it closes, also for
+        # a command killed by a signal (which has no status).
+        if not chan.eof_received or self._broken() or (
+            not _has_status(chan) and not transport.is_active()
         ):
             self._drop()
             raise self._why(Unresponsive(
