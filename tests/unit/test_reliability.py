@@ -271,11 +271,10 @@ def test_signal_stops_the_run_at_once(tmp_path: Path, fixtures_dir: Path,
     out = tmp_path / "reports"
     with hostile_fleet(tmp_path, fixtures_dir, specs) as fleet:
         # a previous complete run, which latest must keep pointing at
-        first = subprocess.run(_validate_argv(fleet, out, "--limit", "n2-queued", "--checks",
-                                              "node.services", "--run-id", "before"),
-                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-                               check=False)
-        assert first.returncode == ExitCode.OK, first.stderr
+        code, _, err = _run_cli("run", "-i", str(fleet.inventory), "--out", str(out),
+                                "--limit", "n2-queued", "--checks", "node.services",
+                                "--run-id", "before")
+        assert code == ExitCode.OK, err
         proc = subprocess.Popen(
             _validate_argv(fleet, out, "--checks", "gpu.count,gpu.ecc", "--concurrency",
                            "1", "--timeout", "600", "--run-id", "stopped"),
@@ -284,7 +283,7 @@ def test_signal_stops_the_run_at_once(tmp_path: Path, fixtures_dir: Path,
             # The hung tool is running on n1 (its pid is written): now interrupt.
             pid = int(fleet.wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(),
                                      timeout=60))
-            sent = time.monotonic()
+            sent, sent_wall = time.monotonic(), time.time()
             proc.send_signal(sig)
             stdout, stderr = proc.communicate(timeout=30)
             stopped_in = time.monotonic() - sent
@@ -293,9 +292,17 @@ def test_signal_stops_the_run_at_once(tmp_path: Path, fixtures_dir: Path,
                 proc.kill()
                 proc.wait()
         assert proc.returncode == ExitCode.INTERRUPTED, stderr
-        assert stopped_in < 8, stopped_in
         # the remote tool died with its session (the wrapper's stdin watcher)
         fleet.wait_for(lambda: not _alive(pid), timeout=10)
+        # The node's connection was dropped at once; the rest is writing the partial report.
+        dropped = fleet.wait_for(lambda: fleet.events("n1-hung", "disconnect"))[-1]["t"]
+        exited = [e for e in fleet.events("n1-hung", "exited") if e["pid"] != pid]
+        print(f"\n{sig.name}: connection to the running node closed "
+              f"{dropped - sent_wall:.2f} s after the signal, validate exited 130 after "
+              f"{stopped_in:.1f} s (partial report written)", file=sys.__stderr__)
+        assert dropped - sent_wall < 2.0
+        assert stopped_in < 15, stopped_in
+        assert exited  # the wrapper around the hung tool ended too
         # queued nodes were never started: no connection after the interrupt
         assert not [e for e in fleet.events(kind="connect")
                     if e["endpoint"] == "n3-queued"]

@@ -69,8 +69,8 @@ BACKSTOP_S = 5.0
 # GNU timeout with --signal=KILL kills its own process group, itself included: the wrapper sees
 # 137 (128+9); sshd reports a signal death as exit-signal, which paramiko shows as -1.
 _TIMEOUT_RCS = (124, 137, -1)
-# How often the watchdog looks at the budgets.
-_TICK_S = 0.1
+# How often the watchdog looks at the budgets (a budget may be overrun by this much).
+_TICK_S = 0.2
 
 # The remote side of every command (POSIX sh; $1 is the timeout, the rest the argv). The
 # command gets /dev/null as stdin; the session's stdin is kept on fd 3 for a watcher, which
