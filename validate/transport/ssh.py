@@ -307,7 +307,9 @@ class SSHTransport:
     # ------------------------------------------------------------------ watchdog
 
     def _ensure_watchdog(self) -> None:
-        if self._watchdog is None:
+        # Started on the first step; started again for a run() after close() (which ends it).
+        if self._watchdog is None or not self._watchdog.is_alive():
+            self._closed.clear()
             self._watchdog = threading.Thread(
                 target=self._watch, name=f"ssh-watchdog-{self.host}", daemon=True
             )
