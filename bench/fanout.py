@@ -71,6 +71,9 @@ class Recording:
     def close(self) -> None:
         self.inner.close()
 
+    def abort(self, code: str, reason: str) -> None:
+        self.inner.abort(code, reason)
+
 
 class Replay:
     """A transport that answers from outputs captured by a baseline fan-out."""
@@ -84,6 +87,9 @@ class Replay:
                              timed_out=False)
 
     def close(self) -> None:
+        pass
+
+    def abort(self, code: str, reason: str) -> None:
         pass
 
 

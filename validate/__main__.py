@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
-from validate.cli import main
+# Started with stdout or stderr closed (cron, a parent that closed its fds), Python sets the
+# stream to None, and Ansible's Display crashes at import writing a warning to it: give such a
+# stream /dev/null before anything imports Ansible, so the run and its report still happen.
+for _name in ("stdout", "stderr"):
+    if getattr(sys, _name) is None:
+        setattr(sys, _name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115
+
+from validate.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -106,6 +106,30 @@ ACTIONS: dict[str, Action] = {
         "replace its known_hosts entry with the key read over a trusted path.",
         OPENSSH,
     ),
+    "host.unresponsive": Action(
+        "The node answered SSH, then stalled (a step of the conversation overran its budget or "
+        "keepalives went unanswered) or dropped the connection mid-command.",
+        "Check the node's console and load (a hung kernel, a full disk, an OOM storm); the node "
+        "stays out of service until it validates.",
+        SUITE,
+    ),
+    "host.deadline": Action(
+        "The node's overall deadline (--node-deadline) passed; its remaining checks were not run.",
+        "Look for the check that ran long in the node's rows (a hung tool), fix it, then "
+        "validate the node again.",
+        SUITE,
+    ),
+    "run.interrupted": Action(
+        "The run was stopped (SIGINT/SIGTERM) before this check finished or started.",
+        "Nothing is known about this check on this node: validate the node again.",
+        SUITE,
+    ),
+    "tool.output_too_large": Action(
+        "A command printed more than the output cap (--max-output-mib) and was stopped.",
+        "Run the command on the node to see why it floods (a log loop, a runaway tool); raise "
+        "the cap only if the output is expected.",
+        SUITE,
+    ),
     "tool.timeout": Action(
         "A command did not finish within its timeout and was killed.",
         "Look on the node for a hung nvidia-smi (state D) and Xid events in the kernel log; a "
@@ -132,6 +156,13 @@ ACTIONS: dict[str, Action] = {
     "check.internal_error": Action(
         "The check itself crashed (a bug in the suite); the node's other checks still ran.",
         "Report it with the detail; rerun the check after the fix.",
+        SUITE,
+    ),
+    "check.non_finite_value": Action(
+        "A tool reported a value that is not a finite number (NaN or infinity), so the figure "
+        "cannot be judged.",
+        "Run the tool on the node by hand; NaN bandwidth usually means the measurement failed "
+        "(a timer of 0, a crashed rank). Validate the node again once it prints real figures.",
         SUITE,
     ),
     "profile.invalid": Action(
@@ -201,6 +232,18 @@ ACTIONS: dict[str, Action] = {
         "Uncorrectable (double-bit) ECC errors since the driver loaded.",
         f"{_DRAIN}; reset the GPU (nvidia-smi -r) so row remapping takes effect, check "
         "remapped rows and Xid 48/63/64/94/95; replace the GPU if it recurs.",
+        MEMORY_ERRORS,
+    ),
+    "gpu.ecc.mode_disabled": Action(
+        "ECC is off on a GPU of a pool that expects it on: memory errors go undetected.",
+        f"{_DRAIN}; enable ECC (nvidia-smi -e 1) and reset the GPU or reboot the node so the "
+        "pending mode takes effect.",
+        MEMORY_ERRORS,
+    ),
+    "gpu.ecc.mode_enabled": Action(
+        "ECC is on where the pool's profile expects it off.",
+        f"{_DRAIN}; disable ECC (nvidia-smi -e 0) and reset the GPU, or fix the profile's "
+        "thresholds.ecc.expect_mode.",
         MEMORY_ERRORS,
     ),
     "gpu.ecc.correctable": Action(

@@ -1,10 +1,14 @@
 """``python -m validate``: run checks, parse a capture, or render a report again.
 
-One :func:`main` turns every exception into an :class:`~validate.model.ExitCode`; tests call it
-in-process with their own streams.
+One :func:`main` turns every exception into an :class:`~validate.model.ExitCode`: a known
+failure is one line naming it, an unexpected one is one line naming what failed and the
+exception (exit 2, never a traceback exit 1, which playbooks read as "a check failed"). Tests
+call it in-process with their own streams; a closed or broken stream never stops a run.
 
     python -m validate run -i <inventory> [--limit PATTERN] [--checks IDS] [--out DIR]
-                           [--concurrency N] [--timeout S] [--accept-unknown-host-keys]
+                           [--concurrency N] [--timeout S] [--node-deadline S]
+                           [--ssh-timeout S] [--max-output-mib N] [--run-id ID]
+                           [--accept-unknown-host-keys]
     python -m validate parse <format> <file>     parsed records as JSON on stdout
     python -m validate report <run-dir>          rebuild the report files from results
     python -m validate checks                    list check ids
@@ -13,22 +17,28 @@ in-process with their own streams.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import enum
 import io
 import json
 import logging
+import math
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from datetime import date, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO, cast
 
 from validate import checks as check_registry
 from validate import runinfo, runner
-from validate.inventory import InventoryError, load
-from validate.model import ExitCode
+from validate.inventory import InventoryError, Node, load
+from validate.model import CheckResult, ExitCode
 from validate.parsers import (
     ParseError,
     fio,
@@ -42,7 +52,8 @@ from validate.parsers import (
     xid,
 )
 from validate.profiles import ProfileError
-from validate.report import load_results, write_report
+from validate.report import RunDirError, load_results, start_run, write_report
+from validate.transport import DEFAULT_MAX_OUTPUT_BYTES
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "reports"
 
@@ -94,14 +105,40 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     r.add_argument("-l", "--limit", help="Ansible host pattern")
     r.add_argument("--checks", help="comma-separated check ids or patterns (gpu.*)")
     r.add_argument("--out", type=Path, default=DEFAULT_OUT, help="reports root directory")
-    r.add_argument("--concurrency", type=int, default=16)
+    r.add_argument("--concurrency", type=_positive_int, default=16)
     r.add_argument(
         "--timeout",
-        type=float,
+        type=_positive_seconds,
         default=60.0,
         help="default per-command timeout in seconds (benchmarks have their own)",
     )
-    r.add_argument("--run-id", help="defaults to the UTC time")
+    r.add_argument(
+        "--node-deadline",
+        type=_positive_seconds,
+        default=runner.DEFAULT_NODE_DEADLINE_S,
+        help="seconds one node may take in all; then its remaining checks are not run "
+        "(host.deadline) (default: %(default)g)",
+    )
+    r.add_argument(
+        "--ssh-timeout",
+        type=_positive_seconds,
+        default=10.0,
+        help="seconds each step of the SSH conversation may take: connect, banner, key "
+        "exchange, authentication, channel open, exec request, keepalive answer "
+        "(default: %(default)g)",
+    )
+    r.add_argument(
+        "--max-output-mib",
+        type=_positive_seconds,
+        default=DEFAULT_MAX_OUTPUT_BYTES / 2**20,
+        help="output one command may print (stdout and stderr together) before it is killed "
+        "and its check is an error (default: %(default)g)",
+    )
+    r.add_argument(
+        "--run-id",
+        help="the run directory's name under --out (default: UTC time and a random suffix); "
+        "letters, digits, '.', '_', '-'; never reused",
+    )
     r.add_argument(
         "--accept-unknown-host-keys",
         action="store_true",
@@ -116,6 +153,55 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     for parser in (p, r, ps, rp, ck):
         parser.streams = (stdout, stderr)
     return p
+
+
+def _positive_seconds(text: str) -> float:
+    """argparse type: a finite number > 0 (float() also reads "nan" and "inf")."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {text!r}")
+    return value
+
+
+class _Failed(Exception):
+    """An unexpected exception, with what the command was doing when it came."""
+
+    def __init__(self, doing: str, exc: BaseException) -> None:
+        super().__init__(f"{doing} failed: {type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def _stop_on_signals(control: runner.RunControl) -> Iterator[None]:
+    """SIGINT/SIGTERM ask the run to stop (queued nodes not started, running ones aborted,
+    a partial report written); a second one stops at once (KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if control.interrupted:
+            raise KeyboardInterrupt
+        control.interrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -134,20 +220,34 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    if args.concurrency < 1 or args.timeout <= 0:
-        stderr.write("error: --concurrency must be >= 1 and --timeout > 0\n")
-        return ExitCode.USAGE_OR_TOOL_ERROR
+    doing = ["selecting the checks"]
+    try:
+        return _run(args, stdout, stderr, doing)
+    except (InventoryError, ProfileError, check_registry.UnknownCheck, RunDirError, OSError,
+            KeyboardInterrupt, _UsageError):
+        raise
+    except Exception as exc:
+        raise _Failed(f"validate run ({doing[-1]})", exc) from exc
+
+
+def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[str]) -> int:
     selected = check_registry.select(args.checks)
+    doing.append("reading the inventory")
     nodes = load(args.inventory, args.limit)
     if not nodes:
         stderr.write(f"error: no GPU nodes in {args.inventory} match {args.limit!r}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
-    run_id = args.run_id or runner.new_run_id()
+    # Before the first connection: an unusable --out must not cost a fleet's worth of checks.
+    doing.append(f"reserving the run directory in {args.out}")
+    pending = start_run(args.out, args.run_id, runner.new_run_id)
+    run_id = pending.run_id
     labels = sorted({str(n.vars["gpuready_environment"]) for n in nodes
                      if n.vars.get("gpuready_environment")})
     environment = "; ".join(labels) or None
     stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes x {len(selected)} checks"
                  + (f" [{environment}]" if environment else "") + "\n")
+    stderr.write(f"rows are appended to {pending.rows_file} as each node finishes\n")
+    stderr.flush()
 
     def progress(o: runner.NodeOutcome) -> None:
         failed = f" ({' '.join(o.failed_checks)})" if o.failed_checks else ""
@@ -159,21 +259,56 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     info = runinfo.start(run_id=run_id, environment=environment, inventory=args.inventory,
                          limit=args.limit, checks_requested=args.checks,
                          checks=[c.id for c in selected], nodes=nodes)
+    append_failed: list[str] = []
+
+    def keep(node: Node, rows: list[CheckResult]) -> None:
+        try:
+            pending.append(rows)
+        except OSError as exc:  # the rows stay in memory for the report
+            if not append_failed:
+                append_failed.append(str(exc))
+                stderr.write(f"warning: cannot append rows to {pending.rows_file}: {exc}\n")
+
     accept = bool(args.accept_unknown_host_keys)
-    rows = runner.run(
-        nodes,
-        selected,
-        run_id=run_id,
-        transport_for=lambda n: runner.default_transport(n, accept),
-        concurrency=args.concurrency,
-        default_timeout_s=args.timeout,
-        progress=progress,
-    )
-    info = dataclasses.replace(info, finished=runinfo.now_utc())
-    report = write_report(rows, args.out, run_id, environment=environment, run_info=info)
+    max_output = int(args.max_output_mib * 2**20)
+    control = runner.RunControl()
+    doing.append("running the checks")
+    started = time.monotonic()
+    try:
+        with _stop_on_signals(control):
+            rows = runner.run(
+                nodes,
+                selected,
+                run_id=run_id,
+                transport_for=lambda n: runner.default_transport(
+                    n, accept, step_timeout_s=args.ssh_timeout, max_output_bytes=max_output
+                ),
+                concurrency=args.concurrency,
+                default_timeout_s=args.timeout,
+                node_deadline_s=args.node_deadline,
+                progress=progress,
+                on_node_done=keep,
+                control=control,
+            )
+        elapsed = time.monotonic() - started
+        if control.interrupted:
+            stderr.write(f"interrupted by {control.reason}: queued nodes not started, running "
+                         "ones stopped; writing a partial report\n")
+        stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes done in {elapsed:.1f} s\n")
+        stderr.flush()
+        doing.append("writing the report")
+        info = dataclasses.replace(info, finished=runinfo.now_utc())
+        report = pending.finish(rows, environment=environment, interrupted=control.interrupted,
+                                run_info=info)
+    except KeyboardInterrupt:
+        pending.close()
+        stderr.write(f"interrupted: the rows of finished nodes are in {pending.rows_file}; "
+                     f"render them with: python -m validate report {pending.partial_dir}\n")
+        return ExitCode.INTERRUPTED
     stdout.write(f"report: {report.run_dir}\n")
-    stdout.write(f"exit: {int(report.exit_code)} {report.exit_code.name}\n")
-    return report.exit_code
+    code = ExitCode.INTERRUPTED if report.interrupted else report.exit_code
+    stdout.write(f"exit: {int(code)} {code.name}\n")
+    return code
 
 
 def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
@@ -209,31 +344,32 @@ def _cmd_report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
 
 
 class _ReaderSafe(io.TextIOBase):
-    """An output stream that stops writing, without a word, once its reader has gone
-    (``python -m validate parse ... | head``): the command still finishes and returns its own
-    exit code. A ``run`` whose progress reader goes away still writes its report."""
+    """An output stream whose write/flush never raise: a reader that went away (``python -m
+    validate parse ... | head``), a closed stderr or a stream that is None (the process started
+    with fd 1/2 closed) ends the output, not the command. A ``run`` whose progress reader goes
+    away still writes its report and returns its own exit code."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO | None) -> None:
         super().__init__()
         self._stream = stream
-        self.reader_gone = False
+        self.reader_gone = stream is None
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        if not self.reader_gone:
+        if not self.reader_gone and self._stream is not None:
             try:
                 self._stream.write(text)
-            except BrokenPipeError:
+            except (OSError, ValueError):  # BrokenPipeError, or a closed file
                 self.reader_gone = True
         return len(text)
 
     def flush(self) -> None:
-        if not self.reader_gone:
+        if not self.reader_gone and self._stream is not None:
             try:
                 self._stream.flush()
-            except BrokenPipeError:
+            except (OSError, ValueError):
                 self.reader_gone = True
 
     def release(self) -> None:
@@ -241,15 +377,17 @@ class _ReaderSafe(io.TextIOBase):
         interpreter's own flush at exit has nowhere to fail (Python's documented recipe for
         SIGPIPE, see the ``signal`` module docs)."""
         self.flush()
-        if not self.reader_gone:
+        if not self.reader_gone or self._stream is None:
             return
         try:
             fd = self._stream.fileno()
-        except (OSError, ValueError, AttributeError):  # an in-memory stream: nothing to do
+        except (OSError, ValueError, AttributeError):  # in-memory or closed: nothing to do
             return
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
             os.dup2(devnull, fd)
+        except OSError:
+            pass
         finally:
             os.close(devnull)
 
@@ -259,6 +397,7 @@ def main(
 ) -> int:
     """Entry point; returns an ExitCode value and never raises (except SystemExit from a
     caller's own code). A reader that goes away ends the output, not the command."""
+    # sys.stdout/sys.stderr are None when the process started with fd 1/2 closed.
     out = _ReaderSafe(stdout or sys.stdout)
     err = _ReaderSafe(stderr or sys.stderr)
     try:
@@ -290,7 +429,8 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
     except ParseError as exc:
         err.write(f"parse error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
-    except (InventoryError, ProfileError, check_registry.UnknownCheck) as exc:
+    except (InventoryError, ProfileError, check_registry.UnknownCheck, RunDirError,
+            _Failed) as exc:
         err.write(f"error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
     except (OSError, ValueError) as exc:
@@ -298,4 +438,9 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
         return ExitCode.USAGE_OR_TOOL_ERROR
     except KeyboardInterrupt:
         err.write("interrupted\n")
+        return ExitCode.INTERRUPTED
+    except Exception as exc:
+        # A bug: one line that names it, exit 2 (a traceback's exit 1 reads as "a check failed").
+        cmd = " ".join(str(a) for a in (argv if argv is not None else sys.argv[1:])[:1])
+        err.write(f"error: internal error in 'validate {cmd}': {type(exc).__name__}: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR

@@ -5,6 +5,14 @@ Group and host vars merge exactly as ``ansible-playbook`` merges them (``Invento
 group of ``gpu_nodes`` it belongs to; its profile is ``gpu_profile``.
 
 Output: a tuple of :class:`Node` records, sorted by name.
+
+Bad input is an :class:`InventoryError` naming the host and the variable: a value that does not
+template, a port that is not a port, ``gpu_pool`` that is not a mapping, and a boolean that
+Ansible itself would not read as one. Booleans are parsed with Ansible's own rules
+(``convert_bool.boolean``): an INI inventory or a quoted YAML ``"false"`` is the string
+``"false"``, which Python's ``bool()`` reads as true (that once turned host key checking off).
+A ``--limit`` term that matches no host of the inventory is an error too, not a silent smaller
+run.
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ansible.inventory.manager import InventoryManager
+from ansible.inventory.manager import InventoryManager, split_host_pattern
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 from ansible.vars.manager import VariableManager
@@ -90,11 +99,58 @@ def _known_hosts_from_args(common_args: str) -> Path | None:
     return None
 
 
+def _boolean(host: str, var: str, value: Any) -> bool:
+    try:
+        return bool(boolean(value, strict=True))
+    except TypeError:
+        raise InventoryError(
+            f"host {host}: {var} is {value!r}, not a boolean (Ansible reads yes/no, true/false, "
+            "on/off, 1/0)"
+        ) from None
+
+
+def _port(host: str, value: Any) -> int:
+    try:
+        port = int(str(value))
+    except ValueError:
+        port = 0
+    if isinstance(value, bool) or not 0 < port < 65536:
+        raise InventoryError(f"host {host}: ansible_port is {value!r}, not a TCP port")
+    return port
+
+
+def _template(host: str, templar: Templar, raw: Mapping[str, Any]) -> dict[str, Any]:
+    used: dict[str, Any] = {}
+    for var in _USED_VARS:
+        if var not in raw:
+            continue
+        try:
+            used[var] = templar.template(raw[var])
+        except Exception as exc:  # Ansible raises several types; each names only the template
+            reason = " ".join(str(exc).split())[:300]
+            raise InventoryError(
+                f"host {host}: variable {var} cannot be templated: {type(exc).__name__}: {reason}"
+            ) from None
+    return used
+
+
+def _check_limit(inventory: InventoryManager, source: Path, limit: str) -> None:
+    """Every term of an Ansible limit must match some host of the inventory: a typo in one
+    term would otherwise quietly validate fewer nodes."""
+    for term in split_host_pattern(limit):
+        name = term.lstrip("!&")
+        if not name or name.startswith("@"):
+            continue
+        if not inventory.get_hosts(pattern=name):
+            raise InventoryError(f"--limit term {term!r} matches no host in {source}")
+
+
 def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
     """Read the GPU nodes (members of ``gpu_nodes``) of the inventory at ``source``.
 
     ``limit`` is an Ansible host pattern (``pool_h100_sxm:!gpu-h100-02``, ``gpu-*``, ...).
-    Raises :class:`InventoryError` on an unreadable inventory or a host with no pool/profile.
+    Raises :class:`InventoryError` on an unreadable inventory, a host with no pool/profile, a
+    limit term that matches nothing, or a bad value (see the module docstring).
     """
     if not source.exists():
         raise InventoryError(f"inventory {source} does not exist")
@@ -105,12 +161,13 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
     variables = VariableManager(loader=loader, inventory=inventory)
     pools = {g.name for g in inventory.groups[PARENT_GROUP].child_groups}
     if limit:
+        _check_limit(inventory, source, limit)
         inventory.subset(limit)
     nodes: list[Node] = []
     for host in inventory.get_hosts(pattern=PARENT_GROUP):
         raw = variables.get_vars(host=host, include_hostvars=False)
         templar = Templar(loader=loader, variables=raw)
-        used = {k: templar.template(raw[k]) for k in _USED_VARS if k in raw}
+        used = _template(host.name, templar, raw)
         host_pools = sorted(pools & {g.name for g in host.get_groups()})
         if len(host_pools) != 1:
             raise InventoryError(
@@ -128,17 +185,21 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
             else _known_hosts_from_args(str(used.get("ansible_ssh_common_args", "")))
         )
         gpu_pool = used.get("gpu_pool") or {}
+        if not isinstance(gpu_pool, Mapping):
+            raise InventoryError(f"host {host.name}: gpu_pool must be a mapping, got {gpu_pool!r}")
         nodes.append(
             Node(
                 name=host.name,
                 address=str(used.get("ansible_host", host.name)),
-                port=int(used.get("ansible_port", 22)),
+                port=_port(host.name, used.get("ansible_port", 22)),
                 user=str(used.get("ansible_user", "root")),
                 connection=str(used.get("ansible_connection", "ssh")),
                 key_file=Path(str(key_file)).expanduser() if key_file else None,
                 known_hosts=known_path,
-                accept_unknown_host_keys=bool(
-                    used.get("gpuready_ssh_accept_unknown_host_keys", False)
+                accept_unknown_host_keys=_boolean(
+                    host.name,
+                    "gpuready_ssh_accept_unknown_host_keys",
+                    used.get("gpuready_ssh_accept_unknown_host_keys", False),
                 ),
                 pool=host_pools[0],
                 profile=profile,

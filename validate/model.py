@@ -50,7 +50,8 @@ class ExitCode(IntEnum):
     OK = 0  # every check passed (warnings allowed)
     CHECK_FAILED = 1  # at least one check failed
     USAGE_OR_TOOL_ERROR = 2  # bad arguments, or a tool/parse error on some node
-    UNREACHABLE = 3  # at least one host could not be reached
+    UNREACHABLE = 3  # at least one host could not be reached (or stopped answering)
+    INTERRUPTED = 130  # SIGINT/SIGTERM: stopped early, a partial report marked "interrupted"
 
 
 # What each exit code tells the person reading a report (README's table says the same).
@@ -59,6 +60,7 @@ EXIT_MEANING: dict[ExitCode, str] = {
     ExitCode.CHECK_FAILED: "a check failed",
     ExitCode.USAGE_OR_TOOL_ERROR: "usage or tool error",
     ExitCode.UNREACHABLE: "unreachable hosts",
+    ExitCode.INTERRUPTED: "interrupted (SIGINT/SIGTERM): a partial report",
 }
 
 
@@ -67,11 +69,22 @@ CODE_OK = "ok"
 CODE_UNREACHABLE = "host.unreachable"
 CODE_AUTH = "host.auth_failed"
 CODE_HOSTKEY = "host.hostkey_rejected"
+# The node answered SSH but then stalled (a step of the conversation overran its budget, a
+# keepalive went unanswered) or the connection dropped mid-command.
+CODE_UNRESPONSIVE = "host.unresponsive"
+# The node's overall deadline passed: its remaining checks were not run.
+CODE_DEADLINE = "host.deadline"
+# SIGINT/SIGTERM stopped the run: the check was cut short or never started.
+CODE_INTERRUPTED = "run.interrupted"
 CODE_TIMEOUT = "tool.timeout"
 CODE_EXIT = "tool.exit_nonzero"
 CODE_PARSE = "tool.parse_error"
 CODE_NOT_FOUND = "tool.not_found"
 CODE_INTERNAL = "check.internal_error"
+CODE_OUTPUT_LIMIT = "tool.output_too_large"
+CODE_NON_FINITE = "check.non_finite_value"
+# Codes that mean the node could not be asked (everything it could not answer is unknown).
+HOST_CODES = (CODE_UNREACHABLE, CODE_AUTH, CODE_HOSTKEY, CODE_UNRESPONSIVE, CODE_DEADLINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +122,7 @@ def exit_code_for(statuses: list[Status], codes: list[str]) -> ExitCode:
 
     ``statuses`` and ``codes`` are the rows' columns, aligned.
     """
-    if any(c in (CODE_UNREACHABLE, CODE_AUTH, CODE_HOSTKEY) for c in codes):
+    if any(c in HOST_CODES for c in codes):
         return ExitCode.UNREACHABLE
     if Status.ERROR in statuses:
         return ExitCode.USAGE_OR_TOOL_ERROR

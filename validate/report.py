@@ -12,20 +12,39 @@
 - ``summary.md`` and ``index.html`` (the page: :mod:`validate.report_page`), ``junit.xml`` (a
   testsuite per node, a testcase per check), ``metrics.prom`` (Prometheus textfile), ``run.json``
   (the run's metadata, :mod:`validate.runinfo`, when the caller gives it), and
-  ``<out>/latest`` -> the newest run.
+  ``<out>/latest`` -> the newest complete run.
 
 Everything is vectorised: 10,000 nodes x 40 checks render in seconds.
+
+Placement (nothing a reader sees is ever half written):
+
+- :func:`start_run` is called before the first connection: it checks ``--out`` (created if
+  missing, must be a writable directory), validates or makes the run id, and reserves it by
+  creating ``<out>/<run-id>.partial/`` (a run directory is never reused: a second run with the
+  same id fails, an automatic id is drawn again).
+- :meth:`PendingRun.append` writes each node's rows to ``<run-id>.partial/rows.jsonl`` as the
+  node finishes (flushed and fsynced): a killed validator leaves every finished node's rows,
+  and ``python -m validate report <out>/<run-id>.partial`` renders them.
+- :func:`write_report` builds every file in a temporary directory and renames it into place;
+  ``latest`` is switched (atomically) only to a complete run. A run stopped by SIGINT/SIGTERM
+  is still placed, marked "interrupted" (its rows carry ``run.interrupted``), and ``latest``
+  stays where it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
+import json
 import os
+import re
+import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
@@ -35,6 +54,7 @@ import pyarrow.parquet as pq
 
 from validate.actions import action_for
 from validate.model import (
+    CODE_INTERRUPTED,
     COLUMNS,
     EXIT_MEANING,
     SEVERITY,
@@ -69,6 +89,123 @@ class Report:
     nodes: pd.DataFrame
     fleet: pd.DataFrame
     exit_code: ExitCode
+    interrupted: bool = False
+
+
+PARTIAL_SUFFIX = ".partial"
+ROWS_FILE = "rows.jsonl"
+LATEST = "latest"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+INTERRUPTED_NOTE = (
+    "**INTERRUPTED: this run was stopped (SIGINT/SIGTERM) before every check finished; rows "
+    "with code run.interrupted were cut short or never started.**"
+)
+
+
+class RunDirError(Exception):
+    """The output directory or the run id cannot be used."""
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` when it is safe as one directory name under ``--out``: letters, digits,
+    ``.``, ``_``, ``-``, at most 80 characters, not starting with ``.`` or ``-``; not
+    ``latest`` and not ending in ``.partial``."""
+    if (
+        not _RUN_ID.fullmatch(run_id)
+        or run_id == LATEST
+        or run_id.endswith(PARTIAL_SUFFIX)
+    ):
+        raise RunDirError(
+            f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (at most 80, "
+            f"starting with a letter or digit), not {LATEST!r} or a name ending in "
+            f"{PARTIAL_SUFFIX!r}"
+        )
+    return run_id
+
+
+@dataclass
+class PendingRun:
+    """A reserved run directory being filled (see the module docstring)."""
+
+    out_root: Path
+    run_id: str
+    partial_dir: Path
+    _rows: IO[str] | None = field(default=None, repr=False)
+
+    @property
+    def rows_file(self) -> Path:
+        return self.partial_dir / ROWS_FILE
+
+    def append(self, rows: Sequence[CheckResult]) -> None:
+        """Append rows durably (one JSON object per line, flushed and fsynced)."""
+        if self._rows is None:
+            self._rows = self.rows_file.open("a", encoding="utf-8")
+        self._rows.write("".join(json.dumps(r.as_dict()) + "\n" for r in rows))
+        self._rows.flush()
+        os.fsync(self._rows.fileno())
+
+    def close(self) -> None:
+        if self._rows is not None:
+            self._rows.close()
+            self._rows = None
+
+    def finish(
+        self,
+        rows: Sequence[CheckResult],
+        *,
+        environment: str | None = None,
+        interrupted: bool = False,
+        run_info: RunInfo | None = None,
+    ) -> Report:
+        """Render the report from ``rows`` in the reserved directory and place it."""
+        self.close()
+        return write_report(
+            rows, self.out_root, self.run_id, environment=environment,
+            build_dir=self.partial_dir, interrupted=interrupted, run_info=run_info,
+        )
+
+
+def start_run(out_root: Path, run_id: str | None, new_id: Callable[[], str]) -> PendingRun:
+    """Check ``out_root`` and reserve a run directory (before any node is asked)."""
+    try:
+        out_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"cannot create the output directory {out_root}: {exc}") from exc
+    if not out_root.is_dir():
+        raise RunDirError(f"output directory {out_root} is not a directory")
+    for _ in range(20):
+        candidate = check_run_id(run_id if run_id is not None else new_id())
+        partial = out_root / f"{candidate}{PARTIAL_SUFFIX}"
+        try:
+            partial.mkdir()
+        except FileExistsError:
+            if run_id is not None:
+                raise RunDirError(
+                    f"run id {candidate!r} is in use: {partial} exists (another run in "
+                    "progress, or the rows of one that was killed)"
+                ) from None
+            continue
+        except OSError as exc:
+            raise RunDirError(f"cannot write in the output directory {out_root}: {exc}") from exc
+        # Only a renamed .partial directory creates <id>, so after our mkdir succeeded <id>
+        # either existed before (a finished run: never reuse it) or never will by anyone else.
+        if (out_root / candidate).exists() or (out_root / candidate).is_symlink():
+            partial.rmdir()
+            if run_id is not None:
+                raise RunDirError(
+                    f"run directory {out_root / candidate} exists; run ids are never reused"
+                )
+            continue
+        try:
+            probe = partial / ".write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                partial.rmdir()
+            raise RunDirError(f"cannot write in the output directory {out_root}: {exc}") from exc
+        return PendingRun(out_root, candidate, partial)
+    raise RunDirError(f"could not reserve a fresh run id under {out_root}")
 
 
 def to_frame(rows: Sequence[CheckResult]) -> pd.DataFrame:
@@ -92,10 +229,20 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def load_results(run_dir: Path) -> pd.DataFrame:
-    """Read back ``results.parquet`` (or ``results.csv``) of a run directory."""
+    """Read back ``results.parquet`` (or ``results.csv``, or the ``rows.jsonl`` a killed run
+    left in its ``.partial`` directory) of a run directory."""
     parquet = run_dir / "results.parquet"
     if parquet.exists():
         return _typed(pd.read_parquet(parquet))
+    jsonl = run_dir / ROWS_FILE
+    if jsonl.exists() and not (run_dir / "results.csv").exists():
+        records = []
+        for line in jsonl.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # the line being written when the validator was killed
+        return _typed(pd.DataFrame.from_records(records, columns=list(COLUMNS)))
     return _typed(
         pd.read_csv(
             run_dir / "results.csv",
@@ -383,13 +530,22 @@ def write_report(
     update_latest: bool = True,
     environment: str | None = None,
     run_info: RunInfo | None = None,
+    build_dir: Path | None = None,
+    interrupted: bool = False,
 ) -> Report:
     """Write every report file for a run into ``out_root/run_id`` (or ``run_dir``).
 
     ``run_info`` (the run's metadata) is written as run.json with the exit code and heads the
-    human pages; its environment label is used when ``environment`` is not given."""
+    human pages; its environment label is used when ``environment`` is not given.
+
+    Files are built in ``build_dir`` (default: a fresh hidden directory beside the target) and
+    then placed: a new run directory by one rename, an existing one (``report`` rendering a run
+    again) file by file with ``os.replace``. ``latest`` moves only to a complete run; a run
+    with ``run.interrupted`` rows (or ``interrupted=True``) is marked so in its summary."""
     df = results if isinstance(results, pd.DataFrame) else to_frame(results)
-    target = run_dir or out_root / run_id
+    final = run_dir or out_root / run_id
+    interrupted = interrupted or bool((df["code"] == CODE_INTERRUPTED).any())
+    target = build_dir or final.parent / f".{final.name}.build-{secrets.token_hex(4)}"
     target.mkdir(parents=True, exist_ok=True)
     code = exit_code_for(
         [Status(s) for s in df["status"].astype(str).unique()],
@@ -405,17 +561,34 @@ def write_report(
     nodes.to_csv(target / "nodes.csv", index=False)
     fleet.to_csv(target / "fleet.csv", index=False)
     md = summary_markdown(df, nodes, fleet, run_id, code, env, run_info=info)
+    if interrupted:
+        title, _, rest = md.partition("\n")
+        md = f"{title}\n\n{INTERRUPTED_NOTE}\n{rest}"
     (target / "summary.md").write_text(md)
     page = html_page(df, nodes, fleet, run_id, code, environment=env, info=info,
-                     outlier_fraction=OUTLIER_FRACTION)
+                     outlier_fraction=OUTLIER_FRACTION, interrupted=interrupted)
     (target / "index.html").write_text(page)
     if info is not None:
         write_run_info(target, info)
     (target / "junit.xml").write_text(junit_xml(df))
     (target / "metrics.prom").write_text(prometheus(df, nodes, run_id))
-    if update_latest and target.parent == out_root:
-        tmp = out_root / f".latest.{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(target.name)
-        os.replace(tmp, out_root / "latest")
-    return Report(target, nodes, fleet, code)
+    _place(target, final)
+    if update_latest and not interrupted and final.parent == out_root:
+        tmp = out_root / f".{LATEST}.{os.getpid()}.{secrets.token_hex(4)}"
+        tmp.symlink_to(final.name)
+        os.replace(tmp, out_root / LATEST)
+    return Report(final, nodes, fleet, code, interrupted)
+
+
+def _place(built: Path, final: Path) -> None:
+    """Move the files built in ``built`` to ``final`` without a reader ever seeing half."""
+    if built == final:
+        return
+    # The durable per-node rows are in results.* now.
+    (built / ROWS_FILE).unlink(missing_ok=True)
+    if not final.exists():
+        built.rename(final)
+        return
+    for item in built.iterdir():
+        os.replace(item, final / item.name)
+    built.rmdir()

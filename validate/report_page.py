@@ -212,7 +212,7 @@ def _badge(status: str, text: str | None = None) -> str:
 
 
 def _header(run_id: str, code: ExitCode, environment: str | None, nodes: pd.DataFrame,
-            df: pd.DataFrame, info: RunInfo | None) -> str:
+            df: pd.DataFrame, info: RunInfo | None, interrupted: bool = False) -> str:
     node_counts = nodes["status"].astype(str).value_counts()
     row_counts = df["status"].astype(str).value_counts()
     env = (f'<p class="env" id="environment">Environment: {_e(environment)}</p>' if environment
@@ -226,6 +226,9 @@ def _header(run_id: str, code: ExitCode, environment: str | None, nodes: pd.Data
     parts = [
         f"<h1>gpuready validation run <span id=\"run-id\">{_e(run_id)}</span></h1>",
         env,
+        *(['<p class="env" id="interrupted">INTERRUPTED: this run was stopped (SIGINT/SIGTERM) '
+           "before every check finished; rows with code run.interrupted were cut short or never "
+           "started.</p>"] if interrupted else []),
         f'<p id="exit">Exit code <strong>{int(code)}</strong> ({_e(code.name)}): '
         f"{_e(EXIT_MEANING[code])}.</p>",
         f'<p id="counts">Nodes: {len(nodes)} &nbsp; {per_status}</p>',
@@ -315,8 +318,10 @@ def html_page(
     environment: str | None,
     info: RunInfo | None,
     outlier_fraction: float,
+    interrupted: bool = False,
 ) -> str:
-    """The whole ``index.html`` (see the module docstring)."""
+    """The whole ``index.html`` (see the module docstring). ``interrupted``: the run was
+    stopped before every check finished, and the page says so at the top."""
     images = plots(df, nodes, fleet, outlier_fraction)
     figs = "".join(
         f'<figure id="plot-{_e(k)}"><img alt="{_e(caption)}" src="data:image/png;base64,{v}">'
@@ -335,7 +340,7 @@ def html_page(
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>{(ASSETS / 'page.css').read_text()}</style>"
         "</head><body>\n<header>"
-        f"{_header(run_id, code, environment, nodes, df, info)}</header>\n"
+        f"{_header(run_id, code, environment, nodes, df, info, interrupted)}</header>\n"
         '<main><section id="table-view">'
         f"<h2>Fault codes</h2>{_fault_codes(df)}<h2>Nodes</h2>"
         "<noscript><p>The node table and node views need JavaScript; nodes.csv and "

@@ -3,28 +3,55 @@ node, and turn every way a node can fail into rows, never a traceback.
 
 Output: ``list[CheckResult]`` ordered by node then check run order; every node has at least
 one row per selected check.
+
+The calling thread is the supervisor: it starts a worker thread per node (at most
+``concurrency`` at a time), and no wait of a worker can hold it. Each node has an overall
+deadline: when it passes, the supervisor aborts the node's transport (which ends every blocked
+wait on that node) and the node's remaining checks become ``host.deadline`` rows. A
+:class:`RunControl` interrupt (SIGINT/SIGTERM in the CLI) aborts every running node
+(``run.interrupted`` rows) and starts no queued node (their rows say "not started"). A worker
+that still does not return :data:`ABORT_GRACE_S` after its abort (stuck where an abort cannot
+reach, such as a name lookup) is reported without it. ``on_node_done`` receives each node's
+rows as the node finishes, in the supervisor's thread (the CLI appends them to disk there).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import queue
+import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from validate.checks import Check, NodeContext, ToolFailure, Verdict
 from validate.inventory import Node
-from validate.model import CODE_INTERNAL, CheckResult, Status, worst
+from validate.model import (
+    CODE_DEADLINE,
+    CODE_INTERNAL,
+    CODE_INTERRUPTED,
+    CheckResult,
+    Status,
+    worst,
+)
 from validate.profiles import Profile, ProfileError, load_profile
-from validate.transport import Transport, TransportError
+from validate.transport import DEFAULT_MAX_OUTPUT_BYTES, Transport, TransportError
 from validate.transport.local import LocalTransport
 from validate.transport.ssh import SSHConfig, SSHTransport
 
 LOG = logging.getLogger(__name__)
 CODE_PROFILE = "profile.invalid"
+# A node's whole run: generous for a full suite (NCCL repeats, fio, checkpoint) on a healthy
+# node, and what a node stuck in ways no single timeout sees costs at most.
+DEFAULT_NODE_DEADLINE_S = 3600.0
+# How long a worker may take to return after its transport was aborted.
+ABORT_GRACE_S = 5.0
+# How often the supervisor looks at deadlines and interrupts.
+_TICK_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,17 +66,42 @@ class NodeOutcome:
     total: int
 
 
+class RunControl:
+    """Asks a running :func:`run` to stop. :meth:`interrupt` only sets attributes (no locks),
+    so a signal handler may call it; the supervisor notices within :data:`_TICK_S`."""
+
+    def __init__(self) -> None:
+        self.reason = ""
+        self.interrupted = False
+
+    def interrupt(self, reason: str) -> None:
+        if not self.interrupted:
+            self.reason = reason
+            self.interrupted = True
+
+
 def new_run_id(now: datetime | None = None) -> str:
-    """Sortable, filesystem-safe run id: ``20261202T123456Z``."""
-    return (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    """Sortable, filesystem-safe run id: ``20261202T123456Z-3f9a``. The random suffix keeps two
+    runs started in the same second apart (the report reserves the directory as well)."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(2)}"
 
 
-def default_transport(node: Node, accept_unknown_host_keys: bool = False) -> Transport:
-    """SSH from the inventory's connection settings, or local for ansible_connection=local."""
+def default_transport(
+    node: Node,
+    accept_unknown_host_keys: bool = False,
+    *,
+    step_timeout_s: float = 10.0,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+) -> Transport:
+    """SSH from the inventory's connection settings, or local for ansible_connection=local.
+    ``step_timeout_s`` bounds each step of the SSH conversation (connect, banner, key exchange,
+    authentication, channel open, exec request, keepalive answer)."""
     if node.connection == "local":
-        return LocalTransport(node.name)
+        return LocalTransport(node.name, max_output_bytes=max_output_bytes)
     return SSHTransport(
-        SSHConfig(
+        SSHConfig.with_step_timeout(
+            step_timeout_s,
             host=node.name,
             address=node.address,
             port=node.port,
@@ -57,6 +109,7 @@ def default_transport(node: Node, accept_unknown_host_keys: bool = False) -> Tra
             key_file=node.key_file,
             known_hosts=node.known_hosts,
             accept_unknown_host_keys=accept_unknown_host_keys or node.accept_unknown_host_keys,
+            max_output_bytes=max_output_bytes,
         )
     )
 
@@ -154,6 +207,167 @@ def run_node(
     return rows
 
 
+def rows_for(
+    run_id: str, node: Node, checks: Sequence[Check], code: str, detail: str
+) -> list[CheckResult]:
+    """One ``error`` row per check for a node none of ``checks`` ran on."""
+    return [
+        _row(run_id, node, node.profile, c.id, Verdict("", Status.ERROR, code, detail), 0.0)
+        for c in checks
+    ]
+
+
+@dataclass
+class _Running:
+    node: Node
+    transport: Transport
+    started: float
+    deadline: float
+    aborted_at: float | None = None
+    abort_code: str = ""
+    abort_reason: str = ""
+
+    def abort(self, code: str, reason: str) -> None:
+        self.aborted_at, self.abort_code, self.abort_reason = time.monotonic(), code, reason
+        try:
+            self.transport.abort(code, reason)
+        except Exception:  # a transport that fails to abort must not stop the supervisor
+            LOG.exception("aborting %s failed", self.node.name)
+
+
+# The inventory variables load_profile() reads besides the profile name.
+_PROFILE_VARS = (
+    "gpu_thresholds",
+    "gpuready_drive_class",
+    "gpuready_scratch_path",
+    "gpuready_checkpoint_path",
+)
+
+
+class _Profiles:
+    """Profiles loaded once per distinct (profile, overrides): parsing the YAML costs ~50 ms,
+    and 64 workers doing it at once held the supervisor's thread starts for seconds."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loaded: dict[tuple[str, str], Profile] = {}
+
+    def get(self, node: Node) -> Profile | None:
+        """The node's profile, or None to let run_node report the error (named per node)."""
+        overrides = json.dumps({k: node.vars.get(k) for k in _PROFILE_VARS}, sort_keys=True,
+                               default=repr)
+        key = (node.profile, overrides)
+        with self._lock:
+            if key not in self._loaded:
+                try:
+                    self._loaded[key] = load_profile(
+                        node.profile,
+                        node.vars.get("gpu_thresholds"),
+                        inventory_vars=node.vars,
+                        override_source=f"inventory gpu_thresholds ({node.name})",
+                    )
+                except ProfileError:
+                    return None
+            return self._loaded[key]
+
+
+@dataclass
+class _Supervisor:
+    nodes: Sequence[Node]
+    checks: Sequence[Check]
+    run_id: str
+    transport_for: Callable[[Node], Transport]
+    concurrency: int
+    default_timeout_s: float
+    node_deadline_s: float
+    progress: Callable[[NodeOutcome], None] | None
+    on_node_done: Callable[[Node, list[CheckResult]], None] | None
+    control: RunControl
+    results: dict[str, list[CheckResult]] = field(default_factory=dict)
+    running: dict[str, _Running] = field(default_factory=dict)
+    finished: queue.SimpleQueue[tuple[str, list[CheckResult], float]] = field(
+        default_factory=queue.SimpleQueue
+    )
+    profiles: _Profiles = field(default_factory=_Profiles)
+
+    def finish(self, node: Node, rows: list[CheckResult], took: float, notify: bool) -> None:
+        self.results[node.name] = rows
+        if self.on_node_done is not None:
+            self.on_node_done(node, rows)
+        if notify and self.progress is not None:
+            failed = tuple(
+                sorted({r.check for r in rows if r.status in (Status.FAIL, Status.ERROR)})
+            )
+            self.progress(
+                NodeOutcome(node.name, worst([r.status for r in rows]), failed, took,
+                            len(self.results), len(self.nodes))
+            )
+
+    def start(self, node: Node) -> None:
+        try:
+            transport = self.transport_for(node)
+        except Exception as exc:  # a bad connection setting is this node's problem only
+            LOG.exception("no transport for %s", node.name)
+            self.finish(node, rows_for(self.run_id, node, self.checks, CODE_INTERNAL,
+                                       f"cannot set up the connection: {exc}"), 0.0, True)
+            return
+        now = time.monotonic()
+        self.running[node.name] = _Running(node, transport, now, now + self.node_deadline_s)
+        threading.Thread(
+            target=self.work, args=(node, transport), name=f"validate-{node.name}", daemon=True
+        ).start()
+
+    def work(self, node: Node, transport: Transport) -> None:
+        start = time.monotonic()
+        try:
+            rows = run_node(node, self.checks, self.run_id, transport, self.default_timeout_s,
+                            self.profiles.get(node))
+        except BaseException as exc:  # run_node turns failures into rows; this is a backstop
+            LOG.exception("node %s crashed", node.name)
+            rows = rows_for(self.run_id, node, self.checks, CODE_INTERNAL,
+                            f"{type(exc).__name__}: {exc}")
+        finally:
+            try:
+                transport.close()
+            except Exception:
+                LOG.exception("closing the connection to %s failed", node.name)
+        self.finished.put((node.name, rows, time.monotonic() - start))
+
+    def supervise(self) -> None:
+        pending = deque(self.nodes)
+        interrupted = False
+        while pending or self.running:
+            if self.control.interrupted and not interrupted:
+                interrupted = True
+                why = f"run interrupted ({self.control.reason})"
+                for r in self.running.values():
+                    r.abort(CODE_INTERRUPTED, why)
+                while pending:
+                    node = pending.popleft()
+                    self.finish(node, rows_for(self.run_id, node, self.checks, CODE_INTERRUPTED,
+                                               f"not started: {why}"), 0.0, False)
+            while pending and len(self.running) < self.concurrency:
+                self.start(pending.popleft())
+            now = time.monotonic()
+            for name, r in list(self.running.items()):
+                if r.aborted_at is None and now >= r.deadline:
+                    r.abort(CODE_DEADLINE, f"node deadline of {self.node_deadline_s:g} s passed")
+                elif r.aborted_at is not None and now >= r.aborted_at + ABORT_GRACE_S:
+                    LOG.warning("%s: worker did not stop %g s after its abort; reporting the "
+                                "node without it", name, ABORT_GRACE_S)
+                    del self.running[name]
+                    self.finish(r.node, rows_for(self.run_id, r.node, self.checks, r.abort_code,
+                                                 f"{r.abort_reason} (checks did not stop)"),
+                                now - r.started, True)
+            try:
+                name, rows, took = self.finished.get(timeout=_TICK_S)
+            except queue.Empty:
+                continue
+            done = self.running.pop(name, None)
+            if done is not None:  # else: already reported without its worker
+                self.finish(done.node, rows, took, True)
+
+
 def run(
     nodes: Sequence[Node],
     checks: Sequence[Check],
@@ -162,40 +376,16 @@ def run(
     transport_for: Callable[[Node], Transport] = default_transport,
     concurrency: int = 16,
     default_timeout_s: float = 60.0,
+    node_deadline_s: float = DEFAULT_NODE_DEADLINE_S,
     progress: Callable[[NodeOutcome], None] | None = None,
+    on_node_done: Callable[[Node, list[CheckResult]], None] | None = None,
+    control: RunControl | None = None,
 ) -> list[CheckResult]:
-    """Run ``checks`` on ``nodes`` with at most ``concurrency`` nodes at a time."""
-    results: dict[str, list[CheckResult]] = {}
-    lock = threading.Lock()
-    done = 0
-
-    def one(node: Node) -> tuple[Node, list[CheckResult], float]:
-        start = time.monotonic()
-        transport = transport_for(node)
-        try:
-            return (
-                node,
-                run_node(node, checks, run_id, transport, default_timeout_s),
-                (time.monotonic() - start),
-            )
-        finally:
-            transport.close()
-
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="validate") as pool:
-        futures = [pool.submit(one, n) for n in nodes]
-        for fut in as_completed(futures):
-            node, rows, took = fut.result()
-            with lock:
-                results[node.name] = rows
-                done += 1
-                count = done
-            if progress is not None:
-                failed = tuple(
-                    sorted({r.check for r in rows if r.status in (Status.FAIL, Status.ERROR)})
-                )
-                progress(
-                    NodeOutcome(
-                        node.name, worst([r.status for r in rows]), failed, took, count, len(nodes)
-                    )
-                )
-    return [row for n in nodes for row in results.get(n.name, [])]
+    """Run ``checks`` on ``nodes`` with at most ``concurrency`` nodes at a time, each within
+    ``node_deadline_s`` (see the module docstring for deadlines and interrupts)."""
+    supervisor = _Supervisor(
+        nodes, checks, run_id, transport_for, max(1, concurrency), default_timeout_s,
+        node_deadline_s, progress, on_node_done, control or RunControl(),
+    )
+    supervisor.supervise()
+    return [row for n in nodes for row in supervisor.results.get(n.name, [])]

@@ -24,7 +24,7 @@ EMITTERS = [
     REPO_ROOT / "validate" / "runner.py",
 ]
 # First segments of the suite's own codes; check codes start with "<check id>.".
-FRAMEWORK = ("host.", "tool.", "check.", "profile.", "inventory.", "storage.")
+FRAMEWORK = ("host.", "tool.", "check.", "profile.", "inventory.", "storage.", "run.")
 CODE_SHAPE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
 
 

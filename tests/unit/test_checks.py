@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from validate.checks import REGISTRY, ToolFailure, select
-from validate.checks.base import parsed
+from validate.checks.base import judged, parsed
 from validate.checks.fabric import judge_ib
 from validate.checks.gpu import (
     judge_count,
@@ -144,6 +144,28 @@ def test_ecc_on_real_fault_captures(fixtures_dir: Path, h100_log: object) -> Non
     )
     unc = {v.metric: v for v in judge_ecc(sram, _ecc_bands())}["uncorrectable_volatile"]
     assert (unc.status, unc.code, unc.value) == (Status.FAIL, "gpu.ecc.uncorrectable", 1)
+
+
+def test_ecc_mode_disabled_fails_when_the_profile_expects_it_on(fixtures_dir: Path,
+                                                               h100_log: object) -> None:
+    on = judge_ecc(h100_log, _ecc_bands(), "enabled")[0]  # type: ignore[arg-type]
+    assert (on.metric, on.status, on.code, on.value) == ("ecc_mode", Status.PASS, "ok", 0.0)
+    # a real workstation capture: two RTX A5000 with ECC off ("<current_ecc>Disabled")
+    off_log = nvidia_smi_xml.parse(
+        _read(fixtures_dir, "nvidia-smi-xml/rtx-a5000-x2-drv590-v13.xml"))
+    off = judge_ecc(off_log, _ecc_bands(), "enabled")[0]
+    assert (off.status, off.code, off.value) == (Status.FAIL, "gpu.ecc.mode_disabled", 2.0)
+    assert "GPU0(" in off.detail and "=Disabled" in off.detail
+    assert judge_ecc(off_log, _ecc_bands(), "disabled")[0].status is Status.PASS
+    # "any" (the default) adds no row; a vGPU that prints N/A is not judged
+    assert "ecc_mode" not in {v.metric for v in judge_ecc(off_log, _ecc_bands())}
+    vgpu = nvidia_smi_xml.parse(
+        _read(fixtures_dir, "nvidia-smi-xml/grid-p4-1q-vgpu-drv513-windows-v11.xml"))
+    assert judge_ecc(vgpu, _ecc_bands(), "enabled")[0].status is Status.SKIP
+    # every shipped profile expects ECC on
+    assert {load_profile(n).value("ecc.expect_mode", str) for n in
+            ("a100-sxm4-80gb-8x", "h100-sxm5-80gb-8x", "h200-sxm-141gb-8x",
+             "l40s-pcie-48gb-4x")} == {"enabled"}
 
 
 def test_nvlink_on_real_captures(fixtures_dir: Path) -> None:
@@ -304,3 +326,12 @@ def test_xml_parser_feeds_the_same_checks(fixtures_dir: Path) -> None:
     assert judge_model(log, "NVIDIA A100-SXM4-80GB")[0].status is Status.PASS
     assert judge_memory(log, 81920)[0].status is Status.PASS
     assert judge_driver(log, "535.54.03")[0].status is Status.PASS
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_judging_a_non_finite_value_is_an_error_row(value: float) -> None:
+    """NaN compares false to every limit: without this, a NaN bus bandwidth would pass."""
+    band = Band(warn=470.0, fail=460.0)
+    v = judged("busbw_gbps", value, "GB/s", band, "nccl.allreduce.low_busbw")
+    assert (v.status, v.code, v.value) == (Status.ERROR, "check.non_finite_value", None)
+    assert judged("busbw_gbps", 480.0, "GB/s", band, "x").status is Status.PASS

@@ -38,6 +38,8 @@ class ScriptedTransport:
         self.calls: list[tuple[str, ...]] = []
         self.delay_s = delay_s
         self.closed = False
+        self.aborted: tuple[str, str] | None = None
+        self.barrier: threading.Barrier | None = None
 
     @property
     def host(self) -> str:
@@ -46,6 +48,8 @@ class ScriptedTransport:
     def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
         key = tuple(argv)
         self.calls.append(key)
+        if self.barrier is not None:
+            self.barrier.wait()  # BrokenBarrierError unless every node is in here at once
         if self.delay_s:
             time.sleep(self.delay_s)
         for prefix, answer in self.answers.items():
@@ -55,6 +59,9 @@ class ScriptedTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self, code: str, reason: str) -> None:
+        self.aborted = (code, reason)
 
 
 def _out(text: str, rc: int = 0) -> Answer:
@@ -118,19 +125,27 @@ def test_tool_failures_become_error_rows_with_codes() -> None:
         {
             ("nvidia-smi", "-q", "-x"): lambda a: CommandResult(a, -1, "", "", 60.0, True),
             ("nvidia-smi", "topo"): _out("this is not a topology matrix\n"),
+            ("ibstat",): _out("this is not ibstat output\n"),
             ("systemctl",): _out("", rc=1),
+            ("journalctl",): lambda a: CommandResult(a, -1, "x" * 4096, "", 1.0, False, True),
         },
     )
     rows = runner.run_node(
-        _node(), select("gpu.count,gpu.topology,node.services,fabric.ib"), "r1", t
+        _node(), select("gpu.count,gpu.topology,node.services,fabric.ib,gpu.xid,nccl.*"), "r1", t
     )
     codes = {r.check: (r.status, r.code) for r in rows}
     assert codes == {
         "gpu.count": (Status.ERROR, "tool.timeout"),
-        "gpu.topology": (Status.ERROR, "tool.parse_error"),
+        # nvidia-smi timed out once on this node: topo -m is not started at all
+        "gpu.topology": (Status.ERROR, "tool.timeout"),
         "node.services": (Status.ERROR, "tool.exit_nonzero"),
-        "fabric.ib": (Status.ERROR, "tool.not_found"),
+        "fabric.ib": (Status.ERROR, "tool.parse_error"),
+        "gpu.xid": (Status.ERROR, "tool.output_too_large"),
+        "nccl.allreduce": (Status.ERROR, "tool.not_found"),
     }
+    assert ("nvidia-smi", "topo", "-m") not in t.calls
+    topo = next(r for r in rows if r.check == "gpu.topology")
+    assert topo.detail.startswith("not started: nvidia-smi already timed out on this node")
     assert exit_code_for([r.status for r in rows], [r.code for r in rows]) is (
         ExitCode.USAGE_OR_TOOL_ERROR
     )
@@ -175,14 +190,19 @@ def test_nodes_run_in_parallel_and_report_progress() -> None:
     seen: list[runner.NodeOutcome] = []
     transports: list[ScriptedTransport] = []
     lock = threading.Lock()
+    # Eight nodes must be inside their first command at the same time, or the barrier breaks
+    # (after 10 s) and every check becomes an internal-error row: concurrency by a barrier,
+    # not by the clock.
+    barrier = threading.Barrier(8, timeout=10)
 
     def factory(node: Node) -> ScriptedTransport:
-        t = ScriptedTransport(node.name, {("systemctl",): _out("active\n" * 4)}, delay_s=0.4)
+        t = ScriptedTransport(node.name, {("systemctl",): _out("active\n" * 4)})
+        t.barrier = barrier
         with lock:
             transports.append(t)
         return t
 
-    start = time.monotonic()
+    done: list[str] = []
     rows = runner.run(
         nodes,
         select("node.services"),
@@ -190,12 +210,36 @@ def test_nodes_run_in_parallel_and_report_progress() -> None:
         transport_for=factory,
         concurrency=8,
         progress=seen.append,
+        on_node_done=lambda node, node_rows: done.append(node.name),
     )
-    assert time.monotonic() - start < 2.0  # 8 x 0.4 s in series would be 3.2 s
+    assert not barrier.broken
     assert [r.node for r in rows] == [n.name for n in nodes]
     assert sorted(o.done for o in seen) == list(range(1, 9))
+    assert sorted(done) == sorted(n.name for n in nodes)
     assert all(t.closed for t in transports)
     assert all(r.status is Status.PASS for r in rows)
+
+
+def test_concurrency_limit_holds() -> None:
+    """With concurrency 3, a fourth node never joins the first three (a 4-party barrier
+    breaks), and every node still runs."""
+    barrier = threading.Barrier(4, timeout=1)
+    broken: list[str] = []
+
+    class Waiting(ScriptedTransport):
+        def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                broken.append(self.host)
+            return super().run(argv, timeout)
+
+    rows = runner.run(
+        [_node(f"n{i}") for i in range(6)], select("node.services"), run_id="r1",
+        transport_for=lambda n: Waiting(n.name, {("systemctl",): _out("active\n" * 4)}),
+        concurrency=3,
+    )
+    assert len(broken) == 6 and {r.node for r in rows} == {f"n{i}" for i in range(6)}
 
 
 # ---------------------------------------------------------------- storage, for real

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import validate.report_page
 from tests.conftest import REPO_ROOT, closed_port
 from validate.cli import PARSERS, main
 from validate.model import ExitCode
@@ -161,10 +163,112 @@ def test_run_bad_inputs_are_usage_errors(tmp_path: Path) -> None:
         "all:\n  children:\n    gpu_nodes:\n      children:\n"
         "        pool_h100_sxm:\n          hosts:\n            a: {}\n",
     )
-    code, _, err = _main("run", "-i", str(inv), "--checks", "gpu.nope")
-    assert code == ExitCode.USAGE_OR_TOOL_ERROR and "no check matches" in err
-    code, _, err = _main("run", "-i", str(inv), "--limit", "zzz")
-    assert code == ExitCode.USAGE_OR_TOOL_ERROR and "no GPU nodes" in err
+    out = str(tmp_path / "reports")
+    for argv, message in [
+        (("--checks", "gpu.nope"), "no check matches"),
+        # zero selected checks would run nothing and exit 0
+        (("--checks", ","), "names no check"),
+        (("--checks", ""), "names no check"),
+        (("--limit", "zzz"), "--limit term 'zzz' matches no host"),
+        (("--limit", "a,zzz"), "--limit term 'zzz' matches no host"),
+        (("--run-id", "../escape"), "invalid run id '../escape'"),
+        (("--run-id", "a/b"), "invalid run id 'a/b'"),
+        (("--run-id", "latest"), "invalid run id 'latest'"),
+        (("--run-id", ".hidden"), "invalid run id '.hidden'"),
+        (("--run-id", "x.partial"), "invalid run id 'x.partial'"),
+        (("--timeout", "nan"), "--timeout: must be a finite number > 0"),
+        (("--timeout", "0"), "--timeout: must be a finite number > 0"),
+        (("--node-deadline", "inf"), "--node-deadline: must be a finite number > 0"),
+        (("--concurrency", "0"), "--concurrency: must be >= 1"),
+        (("--max-output-mib", "-1"), "--max-output-mib: must be a finite number > 0"),
+    ]:
+        code, _, err = _main("run", "-i", str(inv), "--out", out, *argv)
+        assert code == ExitCode.USAGE_OR_TOOL_ERROR and message in err, (argv, err)
+        assert "Traceback" not in err
+    # nothing was reserved or written by any of them
+    assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir())
+
+
+def _dead_host_inventory(tmp_path: Path) -> Path:
+    return _inventory(
+        tmp_path / "inv",
+        f"""
+all:
+  children:
+    gpu_nodes:
+      children:
+        pool_h100_sxm:
+          hosts:
+            dead-01: {{ansible_host: 127.0.0.1, ansible_port: {closed_port()}}}
+""",
+    )
+
+
+def test_run_ids_are_unique_and_run_directories_never_reused(tmp_path: Path) -> None:
+    inv = _dead_host_inventory(tmp_path)
+    out = tmp_path / "reports"
+    dirs = set()
+    for _ in range(3):  # well within one second
+        code, stdout, _ = _main("run", "-i", str(inv), "--checks", "gpu.count", "--out", str(out))
+        assert code == ExitCode.UNREACHABLE
+        dirs.add(stdout.split("report: ")[1].split("\n")[0])
+    assert len(dirs) == 3 and all(Path(d).parent == out for d in dirs)
+    code, _, _ = _main("run", "-i", str(inv), "--checks", "gpu.count", "--out", str(out),
+                       "--run-id", "fixed")
+    assert code == ExitCode.UNREACHABLE
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "fixed").iterdir()}
+    code, _, err = _main("run", "-i", str(inv), "--checks", "gpu.count", "--out", str(out),
+                         "--run-id", "fixed")
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR and "never reused" in err
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "fixed").iterdir()} == before
+    # no half-built or reserved directory is left behind
+    assert not [p for p in out.iterdir() if p.name.endswith(".partial") or p.name.startswith(".")]
+    assert (out / "latest").resolve() == (out / "fixed").resolve()
+
+
+def test_unwritable_out_fails_before_any_connection(tmp_path: Path) -> None:
+    # A real listener that counts connections stands in for the node.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    inv = _inventory(
+        tmp_path / "inv",
+        "all:\n  children:\n    gpu_nodes:\n      children:\n        pool_h100_sxm:\n"
+        f"          hosts:\n            n1: {{ansible_host: 127.0.0.1, "
+        f"ansible_port: {listener.getsockname()[1]}}}\n",
+    )
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    try:
+        code, _, err = _main("run", "-i", str(inv), "--out", str(blocker / "reports"))
+        assert code == ExitCode.USAGE_OR_TOOL_ERROR
+        assert f"cannot create the output directory {blocker / 'reports'}" in err
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody connected
+    finally:
+        listener.close()
+
+
+def test_an_unexpected_exception_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug (here: the plots raise) ends in one line naming what failed, exit 2, never a
+    traceback's exit 1; the rows of the run are still on disk."""
+    def broken(*args: object) -> dict[str, str]:
+        raise RuntimeError("matplotlib fell over")
+
+    monkeypatch.setattr(validate.report_page, "plots", broken)
+    inv = _dead_host_inventory(tmp_path)
+    code, _, err = _main("run", "-i", str(inv), "--checks", "gpu.count", "--out",
+                         str(tmp_path / "reports"), "--run-id", "bug")
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    last = err.strip().splitlines()[-1]
+    assert last == ("error: validate run (writing the report) failed: RuntimeError: "
+                    "matplotlib fell over"), err
+    assert "Traceback" not in err
+    rows = (tmp_path / "reports" / "bug.partial" / "rows.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and json.loads(rows[0])["code"] == "host.unreachable"
 
 
 def _closed_pipe() -> int:

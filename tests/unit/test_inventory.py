@@ -97,7 +97,12 @@ def test_connection_settings(inv: Path) -> None:
 def test_limit_uses_ansible_patterns(inv: Path) -> None:
     assert [n.name for n in load(inv, limit="pool_h100_sxm:!gpu-h100-02")] == ["gpu-h100-01"]
     assert [n.name for n in load(inv, limit="gpu-*-01")] == ["gpu-h100-01", "gpu-l40s-01"]
-    assert load(inv, limit="nothing-matches") == ()
+    # a term that matches no host is a usage error, also next to terms that do match
+    for limit in ("nothing-matches", "gpu-h100-01,gpu-h100-O2", "pool_h100_sxm:!gpu-h100-99"):
+        with pytest.raises(InventoryError, match="matches no host"):
+            load(inv, limit=limit)
+    # a real host outside gpu_nodes matches a term, and leaves no GPU node to validate
+    assert load(inv, limit="mgmt-01") == ()
 
 
 def test_host_without_pool_or_profile_is_an_error(tmp_path: Path) -> None:
@@ -114,3 +119,56 @@ def test_host_without_pool_or_profile_is_an_error(tmp_path: Path) -> None:
         load(bad)
     with pytest.raises(InventoryError, match="does not exist"):
         load(tmp_path / "missing")
+
+
+INI = """
+[gpu_nodes:children]
+pool_h100_sxm
+
+[pool_h100_sxm]
+gpu-h100-01 ansible_host=127.0.1.1 gpuready_ssh_accept_unknown_host_keys=false
+gpu-h100-02 ansible_host=127.0.1.2 gpuready_ssh_accept_unknown_host_keys=yes
+gpu-h100-03 ansible_host=127.0.1.3 gpuready_ssh_accept_unknown_host_keys=maybe
+
+[pool_h100_sxm:vars]
+gpu_profile=h100-sxm5-80gb-8x
+"""
+
+
+def test_booleans_follow_ansible_rules_in_ini_and_quoted_yaml(tmp_path: Path) -> None:
+    """INI values and quoted YAML are strings: "false" must read as false (bool("false") is
+    true, which once turned host key checking off), and a non-boolean is an error."""
+    ini = _write(tmp_path / "ini", {"hosts.ini": INI})
+    nodes = {n.name: n for n in load(ini / "hosts.ini", limit="gpu-h100-01,gpu-h100-02")}
+    assert nodes["gpu-h100-01"].accept_unknown_host_keys is False
+    assert nodes["gpu-h100-02"].accept_unknown_host_keys is True
+    with pytest.raises(InventoryError, match=r"host gpu-h100-03: "
+                                             r"gpuready_ssh_accept_unknown_host_keys is 'maybe'"):
+        load(ini / "hosts.ini")
+    yml = _write(tmp_path / "yml", {"hosts.yml": (
+        "all:\n  children:\n    gpu_nodes:\n      children:\n        pool_h100_sxm:\n"
+        "          vars: {gpu_profile: h100-sxm5-80gb-8x}\n          hosts:\n"
+        "            a: {gpuready_ssh_accept_unknown_host_keys: \"false\"}\n"
+        "            b: {gpuready_ssh_accept_unknown_host_keys: \"off\"}\n"
+        "            c: {gpuready_ssh_accept_unknown_host_keys: 0}\n")})
+    assert {n.accept_unknown_host_keys for n in load(yml)} == {False}
+
+
+@pytest.mark.parametrize(("host_vars", "message"), [
+    ("ansible_port: \"{{ no_such_variable }}\"", r"host n1: variable ansible_port cannot be "
+                                                  r"templated: .*no_such_variable"),
+    ("ansible_port: twenty-two", r"host n1: ansible_port is 'twenty-two', not a TCP port"),
+    ("ansible_port: 70000", r"host n1: ansible_port is 70000, not a TCP port"),
+    ("gpu_pool: [h100]", r"host n1: gpu_pool must be a mapping, got \['h100'\]"),
+    ("gpu_profile: \"{{ 1 / 0 }}\"", r"host n1: variable gpu_profile cannot be templated"),
+])
+def test_bad_values_name_the_host_and_the_variable(tmp_path: Path, host_vars: str,
+                                                   message: str) -> None:
+    inv = _write(tmp_path / "inv", {
+        "hosts.yml": ("all:\n  children:\n    gpu_nodes:\n      children:\n"
+                      "        pool_h100_sxm:\n          hosts:\n            n1: {}\n"),
+        "group_vars/pool_h100_sxm.yml": "gpu_profile: h100-sxm5-80gb-8x\n",
+        "host_vars/n1.yml": host_vars + "\n",
+    })
+    with pytest.raises(InventoryError, match=message):
+        load(inv)

@@ -20,7 +20,7 @@ def test_row_has_exactly_the_design_columns() -> None:
 
 
 def test_exit_code_table_and_precedence() -> None:
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 130]
     assert exit_code_for([Status.PASS, Status.WARN, Status.SKIP], ["ok"] * 3) is ExitCode.OK
     assert exit_code_for([Status.PASS, Status.FAIL], ["ok", "gpu.ecc.uncorrectable"]) is (
         ExitCode.CHECK_FAILED)
@@ -30,6 +30,9 @@ def test_exit_code_table_and_precedence() -> None:
     assert exit_code_for([Status.FAIL, Status.ERROR], ["x", "host.unreachable"]) is (
         ExitCode.UNREACHABLE)
     assert exit_code_for([Status.ERROR], ["host.hostkey_rejected"]) is ExitCode.UNREACHABLE
+    # a node that answered SSH and then stalled, or ran past its deadline, was not fully asked
+    for code in ("host.unresponsive", "host.deadline"):
+        assert exit_code_for([Status.PASS, Status.ERROR], ["ok", code]) is ExitCode.UNREACHABLE
 
 
 def test_worst_status() -> None:

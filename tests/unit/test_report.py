@@ -4,13 +4,14 @@ and the latest symlink."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from validate.model import CheckResult, ExitCode, Status
-from validate.report import load_results, write_report
+from validate.report import load_results, start_run, write_report
 
 
 def _r(node: str, check: str, metric: str, status: Status, value: float | None = None,
@@ -103,3 +104,43 @@ def test_environment_label_heads_the_summary(rows: list[CheckResult], tmp_path: 
     assert label in (report.run_dir / "index.html").read_text()
     plain = write_report(rows, tmp_path, "r-plain")
     assert "Environment" not in (plain.run_dir / "summary.md").read_text()
+
+
+def test_latest_only_ever_points_at_a_whole_run(rows: list[CheckResult], tmp_path: Path) -> None:
+    done = start_run(tmp_path, "r-complete", lambda: "unused")
+    assert done.partial_dir == tmp_path / "r-complete.partial" and done.partial_dir.is_dir()
+    done.append(rows[:2])
+    report = done.finish(rows)
+    assert report.run_dir == tmp_path / "r-complete" and not report.interrupted
+    assert not done.partial_dir.exists() and not (report.run_dir / "rows.jsonl").exists()
+    assert (tmp_path / "latest").resolve() == report.run_dir.resolve()
+    # An interrupted run is placed (marked) but latest stays on the last whole run.
+    cut = [*rows[:3], replace(rows[3], status=Status.ERROR, code="run.interrupted",
+                              detail="not started: run interrupted (SIGINT)")]
+    stopped = start_run(tmp_path, "r-stopped", lambda: "unused").finish(cut, interrupted=True)
+    assert stopped.interrupted and stopped.run_dir == tmp_path / "r-stopped"
+    summary = (stopped.run_dir / "summary.md").read_text().splitlines()
+    assert summary[0] == "# gpuready validation run r-stopped"
+    assert summary[2].startswith("**INTERRUPTED")
+    assert (tmp_path / "latest").resolve() == report.run_dir.resolve()
+    # rendering it again keeps the mark (the rows carry run.interrupted)
+    again = write_report(load_results(stopped.run_dir), tmp_path, "r-stopped",
+                         run_dir=stopped.run_dir, update_latest=False)
+    assert again.interrupted
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_killed_runs_rows_render_from_its_partial_directory(rows: list[CheckResult],
+                                                              tmp_path: Path) -> None:
+    pending = start_run(tmp_path, None, lambda: "20261202T120000Z-abcd")
+    pending.append(rows[:4])
+    pending.append(rows[4:6])
+    pending.close()
+    # the line being written when the process died
+    with pending.rows_file.open("a") as f:
+        f.write('{"run_id": "run1", "node": "n9", "sta')
+    df = load_results(pending.partial_dir)
+    assert len(df) == 6 and set(df["node"]) == {r.node for r in rows[:6]}
+    report = write_report(df, tmp_path, pending.run_id, run_dir=pending.partial_dir,
+                          update_latest=False)
+    assert (report.run_dir / "summary.md").exists() and (report.run_dir / "rows.jsonl").exists()

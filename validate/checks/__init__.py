@@ -24,10 +24,14 @@ class UnknownCheck(ValueError):
 
 
 def select(spec: str | None) -> tuple[Check, ...]:
-    """Checks matching ``spec`` (None or empty: all), in run order."""
-    if not spec:
+    """Checks matching ``spec`` (None: all), in run order. A spec that names no check (``""``,
+    ``","``) or a pattern that matches none is an :class:`UnknownCheck`: a run of zero checks
+    would exit 0 and look like a pass."""
+    if spec is None:
         return tuple(REGISTRY.values())
     patterns = [p.strip() for p in spec.split(",") if p.strip()]
+    if not patterns:
+        raise UnknownCheck(f"--checks {spec!r} names no check; known: {', '.join(REGISTRY)}")
     chosen: set[str] = set()
     for pattern in patterns:
         hits = fnmatch.filter(REGISTRY, pattern)

@@ -10,14 +10,24 @@ for a known node fault such as "driver not loaded", a ``fail``) row, and a
 
 from __future__ import annotations
 
+import math
 import re
+import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
 from validate.inventory import Node
-from validate.model import CODE_EXIT, CODE_NOT_FOUND, CODE_PARSE, CODE_TIMEOUT, Status
+from validate.model import (
+    CODE_EXIT,
+    CODE_NON_FINITE,
+    CODE_NOT_FOUND,
+    CODE_OUTPUT_LIMIT,
+    CODE_PARSE,
+    CODE_TIMEOUT,
+    Status,
+)
 from validate.parsers import ParseError
 from validate.profiles import Band, Profile
 from validate.transport import CommandResult, Transport, TransportError
@@ -47,7 +57,13 @@ class Verdict:
 def judged(
     metric: str, value: float, unit: str, band: Band, code: str, detail: str = ""
 ) -> Verdict:
-    """A verdict for ``value`` against ``band``; ``code`` is used when it is not a pass."""
+    """A verdict for ``value`` against ``band``; ``code`` is used when it is not a pass.
+    A NaN or infinite value is an ``error`` row: it compares false to every limit, so it would
+    otherwise pass any band."""
+    if not math.isfinite(value):
+        return Verdict(metric, Status.ERROR, CODE_NON_FINITE,
+                       f"{value!r} is not a measurement" + (f" ({detail})" if detail else ""),
+                       None, unit, band.warn, band.fail)
     status = band.judge(value)
     return Verdict(
         metric,
@@ -90,7 +106,11 @@ class ToolFailure(Exception):
 
 @dataclass
 class NodeContext:
-    """Everything a check may use on one node during one run."""
+    """Everything a check may use on one node during one run.
+
+    A tool that timed out once on this node is not started again there: a hung ``nvidia-smi``
+    hangs for ``-q -x``, ``topo -m`` and ``nvlink -s`` alike, and each would cost a full
+    timeout. Later commands of that tool raise a ``tool.timeout`` ToolFailure saying so."""
 
     run_id: str
     node: Node
@@ -98,24 +118,39 @@ class NodeContext:
     transport: Transport
     default_timeout_s: float
     _cache: dict[tuple[str, ...], CommandResult | TransportError] = field(default_factory=dict)
+    _timed_out: dict[str, str] = field(default_factory=dict)
 
     def run(
-        self, argv: Sequence[str], timeout: float | None = None, *, cached: bool = True
+        self,
+        argv: Sequence[str],
+        timeout: float | None = None,
+        *,
+        cached: bool = True,
+        tool: str | None = None,
     ) -> CommandResult:
         """Run argv (once per node per run when ``cached``). Transport errors propagate, and a
-        cached transport error is raised again without retrying."""
+        cached transport error is raised again without retrying. ``tool`` names what runs
+        (default ``argv[0]``; a script names the tool it drives) for the timed-out rule."""
         key = tuple(argv)
         if cached and key in self._cache:
             hit = self._cache[key]
             if isinstance(hit, TransportError):
                 raise hit
             return hit
+        name = tool or (key[0] if key else "?")
+        if name in self._timed_out:
+            raise ToolFailure(
+                CODE_TIMEOUT,
+                f"not started: {name} already timed out on this node ({self._timed_out[name]})",
+            )
         try:
             result = self.transport.run(key, timeout or self.default_timeout_s)
         except TransportError as exc:
             if cached:
                 self._cache[key] = exc
             raise
+        if result.timed_out:
+            self._timed_out[name] = f"{shlex.join(key)[:80]} killed after {result.duration_s:.1f} s"
         if cached:
             self._cache[key] = result
         return result
@@ -128,14 +163,11 @@ class NodeContext:
         ok_rcs: tuple[int, ...] = (0,),
         cached: bool = True,
     ) -> CommandResult:
-        """Like :meth:`run`, but a timeout, a missing tool or an exit status outside
-        ``ok_rcs`` raises :class:`ToolFailure`."""
+        """Like :meth:`run`, but a timeout, too much output, a missing tool or an exit status
+        outside ``ok_rcs`` raises :class:`ToolFailure`."""
         result = self.run(argv, timeout, cached=cached)
+        check_result(result)
         tool = result.argv[0] if result.argv else "?"
-        if result.timed_out:
-            raise ToolFailure(
-                CODE_TIMEOUT, f"{tool} killed after {result.duration_s:.1f}s (timeout)"
-            )
         if result.rc in ok_rcs:
             return result
         if tool == "nvidia-smi" and _NO_DRIVER.search(result.stdout + result.stderr):
@@ -148,6 +180,21 @@ class NodeContext:
             raise ToolFailure(CODE_NOT_FOUND, f"{tool}: command not found on the node")
         tail = (result.stderr.strip() or result.stdout.strip())[-300:]
         raise ToolFailure(CODE_EXIT, f"{tool} exited {result.rc}: {tail}")
+
+
+def check_result(result: CommandResult, tool: str | None = None) -> None:
+    """ToolFailure for a command that timed out or printed more than the output cap."""
+    name = tool or (result.argv[0] if result.argv else "?")
+    if result.timed_out:
+        raise ToolFailure(CODE_TIMEOUT, f"{name} killed after {result.duration_s:.1f}s (timeout)")
+    if result.truncated:
+        lines = result.stdout.strip().splitlines()
+        last = lines[-1][-120:] if lines else ""
+        raise ToolFailure(
+            CODE_OUTPUT_LIMIT,
+            f"{name} printed more than the output cap and was killed; output discarded "
+            f"(it ended with {last!r})",
+        )
 
 
 def parsed(parser: Callable[[str], T], text: str, what: str) -> T:

@@ -4,7 +4,8 @@ events come from the kernel log through journalctl.
 
 Codes: ``gpu.count.missing``/``gpu.count.extra``, ``gpu.model.mismatch``,
 ``gpu.memory.mismatch``, ``gpu.driver.version_mismatch``/``gpu.driver.not_loaded``,
-``gpu.ecc.{uncorrectable,correctable,remap_pending,remap_failure,retired_pending}``,
+``gpu.ecc.{uncorrectable,correctable,remap_pending,remap_failure,retired_pending,
+mode_disabled,mode_enabled}``,
 ``gpu.pcie.{degraded,below_spec}``, ``gpu.nvlink.down``, ``gpu.topology.{gpu_count,no_nvlink,
 unexpected_nvlink,nic_far}``, ``gpu.persistence.disabled``, ``gpu.xid.<code>``,
 ``gpu.throttle.<reason>``.
@@ -15,7 +16,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from validate.checks.base import Check, NodeContext, Verdict, expect_equal, judged, parsed
+from validate.checks.base import (
+    Check,
+    NodeContext,
+    ToolFailure,
+    Verdict,
+    expect_equal,
+    judged,
+    parsed,
+)
 from validate.model import Status, worst
 from validate.parsers import nvidia_smi_nvlink, nvidia_smi_topo, nvidia_smi_xml, xid
 from validate.parsers.nvidia_smi_model import GpuInfo, NvidiaSmiLog
@@ -145,7 +154,19 @@ class GpuEcc(Check):
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
         bands = {metric: ctx.profile.band(f"ecc.{metric}") for metric, _, _ in _ECC_METRICS}
-        return judge_ecc(smi_log(ctx), bands)
+        expect = ctx.profile.value("ecc.expect_mode", str, "any")
+        if expect not in ECC_MODES:
+            raise ToolFailure(
+                "profile.invalid",
+                f"{ctx.profile.source}: thresholds.ecc.expect_mode must be one of "
+                f"{', '.join(ECC_MODES)}, got {expect!r}",
+            )
+        return judge_ecc(smi_log(ctx), bands, expect)
+
+
+# thresholds.ecc.expect_mode: "enabled" (data-center pools: ECC off hides memory errors, so the
+# counters below would pass a GPU that cannot report them), "disabled", or "any" (not judged).
+ECC_MODES = ("enabled", "disabled", "any")
 
 
 _ECC_METRICS: tuple[tuple[str, str, Callable[[GpuInfo], float | None]], ...] = (
@@ -189,10 +210,35 @@ _ECC_METRICS: tuple[tuple[str, str, Callable[[GpuInfo], float | None]], ...] = (
 )
 
 
-def judge_ecc(log: NvidiaSmiLog, bands: Mapping[str, Band]) -> list[Verdict]:
+def judge_ecc(
+    log: NvidiaSmiLog, bands: Mapping[str, Band], expect_mode: str = "any"
+) -> list[Verdict]:
     """One row per ECC metric (value = worst GPU); a metric no GPU reports is ``skip``
-    (e.g. remapped rows on pre-Ampere GPUs, which retire pages instead)."""
+    (e.g. remapped rows on pre-Ampere GPUs, which retire pages instead). With ``expect_mode``
+    "enabled" or "disabled", first an ``ecc_mode`` row (value = GPUs in the other mode; code
+    ``gpu.ecc.mode_disabled`` / ``gpu.ecc.mode_enabled``)."""
     out: list[Verdict] = []
+    if expect_mode != "any":
+        want = expect_mode.capitalize()  # nvidia-smi prints "Enabled" / "Disabled"
+        reported = [g for g in log.gpus if g.ecc_mode is not None]
+        wrong = [f"{_gpu_label(g)}={g.ecc_mode}" for g in reported if g.ecc_mode != want]
+        if not reported:
+            out.append(Verdict("ecc_mode", Status.SKIP, "ok", "ECC mode not reported"))
+        else:
+            out.append(
+                Verdict(
+                    "ecc_mode",
+                    Status.FAIL if wrong else Status.PASS,
+                    ("gpu.ecc.mode_disabled" if want == "Enabled" else "gpu.ecc.mode_enabled")
+                    if wrong
+                    else "ok",
+                    f"expected {expect_mode}: " + ", ".join(wrong) if wrong else want,
+                    float(len(wrong)),
+                    "gpus",
+                    None,
+                    0.0,
+                )
+            )
     for metric, code, get in _ECC_METRICS:
         band = bands[metric]
         per_gpu = [(g, get(g)) for g in log.gpus]

@@ -2,71 +2,118 @@
 
 Safety rules (the same for both checks):
 
-- The configured path (``gpuready_scratch_path`` / ``gpuready_checkpoint_path``, else the
-  profile's ``storage`` block) must be an absolute, normalised directory that is not ``/`` and
-  not under /dev, /proc, /sys or /run. It is validated here before anything is sent, and again
-  on the node: a block device, a non-directory or a symlink is refused.
+- Every path handed to a remote tool passes one validator, :func:`remote_path`: absolute,
+  normalised, not ``/``, not under /dev, /proc, /sys or /run, and made only of
+  ``A-Z a-z 0-9 . _ - / @ % + = , ~``. So no ``:`` (fio splits ``--filename`` on it: a probe
+  made fio truncate an existing file outside the scratch directory through one), no
+  whitespace, quotes, glob or control characters. The configured path
+  (``gpuready_scratch_path`` / ``gpuready_checkpoint_path``, else the profile's ``storage``
+  block) is validated here before anything is sent, and again on the node: a block device, a
+  non-directory or a symlink is refused.
 - Each run creates one new subdirectory ``<path>/gpuready-<check>-<run>-<token>`` with
   ``mkdir`` (which fails if it exists, so nothing pre-existing is ever touched) and writes its
   files only there.
+- Before that, scratch directories of earlier runs of the same check are removed: only
+  directories (not symlinks) directly under the path, named
+  ``gpuready-<check>-<run>-<8 hex digits>``, and last modified longer ago than the check's
+  timeout (a run still going cannot be that old: its wall clock would have killed it).
 - Free space is checked with ``df`` first (size x 1.1 plus 256 MiB headroom).
 - The subdirectory is removed by a shell ``trap`` on exit/INT/TERM/HUP and, because the
   wall-clock kill (SIGKILL) cannot be trapped, again by a separate cleanup command from a local
-  ``finally``.
+  ``finally``; what even that misses (the validator itself killed) the next run removes.
 
 storage.fio rows: ``seq_write_mibps``, ``seq_read_mibps`` (1 MiB blocks, QD16) and
 ``randread_4k_iops`` (QD32), from ``fio --output-format=json``; bands per drive class.
 storage.checkpoint rows: ``write_gbps``/``read_gbps`` (value) with seconds in the detail.
 Codes: ``storage.fio.<metric>_low``, ``storage.checkpoint.{write,read}_slow``,
-``storage.path_refused``, ``storage.no_space``.
+``storage.path_refused``, ``storage.no_space``, ``inventory.invalid``.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import posixpath
 import re
 import secrets
 import shlex
 from collections.abc import Mapping
 
-from validate.checks.base import Check, NodeContext, ToolFailure, Verdict, judged, parsed
+from validate.checks.base import (
+    Check,
+    NodeContext,
+    ToolFailure,
+    Verdict,
+    check_result,
+    judged,
+    parsed,
+)
 from validate.model import CODE_PARSE, Status
 from validate.parsers import fio
 from validate.profiles import Band
 
+LOG = logging.getLogger(__name__)
+CODE_PATH_REFUSED = "storage.path_refused"
+CODE_INVENTORY = "inventory.invalid"
 _FORBIDDEN_ROOTS = ("/dev", "/proc", "/sys", "/run")
+_SAFE_PATH = re.compile(r"/[A-Za-z0-9._@%+=,~/-]*")
 # Exit statuses of the guard script, mapped to codes.
 _RC_REFUSED = 65
 _RC_NO_SPACE = 67
+_TOKEN_GLOB = "[0-9a-f]" * 8
 
 
-def safe_base(path: str) -> str:
-    """The validated scratch path, or ToolFailure(storage.path_refused)."""
-    norm = posixpath.normpath(path) if path else ""
-    if (
-        not path.startswith("/")
-        or norm != path.rstrip("/")
-        or norm == "/"
-        or any(norm == r or norm.startswith(r + "/") for r in _FORBIDDEN_ROOTS)
-    ):
-        raise ToolFailure(
-            "storage.path_refused",
-            f"refusing scratch path {path!r}: need an absolute, normalised "
-            "directory outside /, /dev, /proc, /sys, /run",
-            Status.ERROR,
-        )
+def remote_path(path: object, what: str) -> str:
+    """The one validator for every path handed to a remote tool (rules in the module
+    docstring); ToolFailure(storage.path_refused) naming ``what`` otherwise."""
+    text = path if isinstance(path, str) else ""
+    norm = posixpath.normpath(text) if text else ""
+    problem = None
+    if not isinstance(path, str):
+        problem = f"not a string ({type(path).__name__})"
+    elif not text.startswith("/") or norm != text.rstrip("/") or norm == "/":
+        problem = "need an absolute, normalised directory other than /"
+    elif any(norm == r or norm.startswith(r + "/") for r in _FORBIDDEN_ROOTS):
+        problem = "under /dev, /proc, /sys or /run"
+    elif not _SAFE_PATH.fullmatch(text):
+        bad = sorted({c for c in text if not _SAFE_PATH.fullmatch("/" + c) and c != "/"})
+        problem = (f"character(s) {''.join(bad)!r} not allowed (only A-Z a-z 0-9 . _ - / @ % + "
+                   "= , ~; fio splits file names on ':')")
+    if problem:
+        raise ToolFailure(CODE_PATH_REFUSED, f"refusing {what} {path!r}: {problem}",
+                          Status.ERROR)
     return norm
+
+
+def safe_base(path: str, what: str = "scratch path") -> str:
+    """The validated scratch path, or ToolFailure(storage.path_refused)."""
+    return remote_path(path, what)
 
 
 def work_dir(base: str, check: str, run_id: str) -> str:
     """A fresh subdirectory name under ``base`` for one check on one run."""
     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:40]
-    return posixpath.join(base, f"gpuready-{check}-{tag}-{secrets.token_hex(4)}")
+    return remote_path(
+        posixpath.join(base, f"gpuready-{check}-{tag}-{secrets.token_hex(4)}"), "work directory"
+    )
 
 
-def guarded_script(base: str, work: str, need_mib: int, body: list[list[str]]) -> str:
-    """A POSIX sh script: refuse bad paths, check space, mkdir ``work``, run ``body`` (argv
-    lists, each joined with shlex.join) with cleanup on every exit path."""
+def stale_glob(check: str) -> str:
+    """The names of ``check``'s scratch directories (any run), as a find -name pattern."""
+    return f"gpuready-{check}-?*-{_TOKEN_GLOB}"
+
+
+def guarded_script(
+    base: str,
+    work: str,
+    need_mib: int,
+    body: list[list[str]],
+    stale: tuple[str, float] | None = None,
+) -> str:
+    """A POSIX sh script: refuse bad paths, remove stale scratch directories (``stale``:
+    their find -name pattern and the age in seconds past which they cannot belong to a live
+    run), check space, mkdir ``work``, run ``body`` (argv lists, each joined with shlex.join)
+    with cleanup on every exit path."""
     q = shlex.quote
     need_kib = int(need_mib * 1024 * 1.1) + 256 * 1024
     lines = [
@@ -77,6 +124,16 @@ def guarded_script(base: str, work: str, need_mib: int, body: list[list[str]]) -
         "trap 'exit 130' INT TERM HUP",
         f'if [ -b "$base" ] || [ -L "$base" ] || [ ! -d "$base" ]; then '
         f'echo "gpuready: refusing $base: not a plain directory" >&2; exit {_RC_REFUSED}; fi',
+    ]
+    if stale is not None:
+        pattern, age_s = stale
+        minutes = math.ceil(age_s / 60) + 1
+        lines.append(
+            f'find "$base" -mindepth 1 -maxdepth 1 -type d -name {q(pattern)} -mmin +{minutes} '
+            "-exec sh -c 'for d; do echo \"gpuready: removed stale $d\" >&2; "
+            "rm -rf -- \"$d\"; done' sh {} +"
+        )
+    lines += [
         "avail=$(df -Pk -- \"$base\" | awk 'NR==2 {print $4}')",
         f'if [ -z "$avail" ] || [ "$avail" -lt {need_kib} ]; then '
         f'echo "gpuready: $base has ${{avail:-?}} KiB free, need {need_kib}" >&2; '
@@ -86,6 +143,22 @@ def guarded_script(base: str, work: str, need_mib: int, body: list[list[str]]) -
     ]
     lines += [shlex.join(argv) + " || exit $?" for argv in body]
     return "\n".join(lines) + "\n"
+
+
+def inventory_int(ctx: NodeContext, var: str, default: int) -> int:
+    """A positive integer inventory variable, or ToolFailure(inventory.invalid) naming it."""
+    value = ctx.node.vars.get(var, default)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ToolFailure(CODE_INVENTORY, f"host {ctx.node.name}: {var} must be a positive "
+                                          f"integer, got {value!r}")
+    return value
+
+
+def _path_source(ctx: NodeContext, var: str, key: str) -> str:
+    return (f"inventory {var} of {ctx.node.name}" if var in ctx.node.vars
+            else f"profile {ctx.profile.name} storage.{key}")
 
 
 def cleanup_argv(work: str) -> tuple[str, ...]:
@@ -101,14 +174,19 @@ def _run_guarded(
     body_for: list[list[str]],
     work: str,
     timeout: float,
+    tool: str,
 ) -> str:
-    script = guarded_script(base, work, need_mib, body_for)
+    # work_dir() names the directories after the check's short name (fio, checkpoint).
+    stale = (stale_glob(check.removeprefix("storage.")), timeout)
+    script = guarded_script(base, work, need_mib, body_for, stale)
     try:
-        result = ctx.run(("sh", "-c", script), timeout, cached=False)
-        if result.timed_out:
-            raise ToolFailure("tool.timeout", f"{check} killed after {result.duration_s:.0f}s")
+        result = ctx.run(("sh", "-c", script), timeout, cached=False, tool=tool)
+        check_result(result, check)
+        for line in result.stderr.splitlines():
+            if line.startswith("gpuready: removed stale "):
+                LOG.warning("%s: %s", ctx.node.name, line.removeprefix("gpuready: "))
         if result.rc == _RC_REFUSED:
-            raise ToolFailure("storage.path_refused", result.stderr.strip()[-300:])
+            raise ToolFailure(CODE_PATH_REFUSED, result.stderr.strip()[-300:])
         if result.rc == _RC_NO_SPACE:
             raise ToolFailure("storage.no_space", result.stderr.strip()[-300:], Status.FAIL)
         if result.rc != 0:
@@ -118,7 +196,7 @@ def _run_guarded(
         return result.stdout
     finally:
         # The trap cannot run after SIGKILL; this makes sure nothing stays behind.
-        ctx.run(cleanup_argv(work), 60, cached=False)
+        ctx.run(cleanup_argv(work), min(60.0, ctx.default_timeout_s), cached=False)
 
 
 def fio_argv(path: str, size_mib: int, runtime_s: int, ioengine: str, direct: int) -> list[str]:
@@ -155,18 +233,19 @@ class StorageFio(Check):
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
         p = ctx.profile
-        base = safe_base(p.scratch_path)
-        size = int(ctx.node.vars.get("gpuready_fio_size_mib", p.value("fio.size_mib", int)))
+        base = safe_base(p.scratch_path,
+                         _path_source(ctx, "gpuready_scratch_path", "scratch_path"))
+        size = inventory_int(ctx, "gpuready_fio_size_mib", p.value("fio.size_mib", int))
         work = work_dir(base, "fio", ctx.run_id)
         argv = fio_argv(
-            posixpath.join(work, "fio.dat"),
+            remote_path(posixpath.join(work, "fio.dat"), "fio file"),
             size,
             p.value("fio.runtime_s", int, 15),
             p.value("fio.ioengine", str, "libaio"),
             p.value("fio.direct", int, 1),
         )
         out = _run_guarded(
-            ctx, self.id, base, size, [argv], work, p.value("fio.timeout_s", float, 240.0)
+            ctx, self.id, base, size, [argv], work, p.value("fio.timeout_s", float, 240.0), "fio"
         )
         run = parsed(fio.parse_json, out, "fio --output-format=json")
         return judge_fio(run, {m: p.band(f"fio.{m}") for m in FIO_METRICS})
@@ -219,12 +298,12 @@ class StorageCheckpoint(Check):
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
         p = ctx.profile
-        base = safe_base(p.checkpoint_path)
-        size = int(
-            ctx.node.vars.get("gpuready_checkpoint_size_mib", p.value("checkpoint.size_mib", int))
-        )
+        base = safe_base(p.checkpoint_path,
+                         _path_source(ctx, "gpuready_checkpoint_path", "checkpoint_path"))
+        size = inventory_int(ctx, "gpuready_checkpoint_size_mib",
+                             p.value("checkpoint.size_mib", int))
         work = work_dir(base, "checkpoint", ctx.run_id)
-        f = posixpath.join(work, "checkpoint.bin")
+        f = remote_path(posixpath.join(work, "checkpoint.bin"), "checkpoint file")
         # /dev/zero is compressible: on compressing filesystems the figure is optimistic.
         # The read uses O_DIRECT so that the page cache the write just filled is not measured.
         body = [
@@ -248,7 +327,8 @@ class StorageCheckpoint(Check):
             ],
         ]
         out = _run_guarded(
-            ctx, self.id, base, size, body, work, p.value("checkpoint.timeout_s", float, 300.0)
+            ctx, self.id, base, size, body, work, p.value("checkpoint.timeout_s", float, 300.0),
+            "dd",
         )
         return judge_checkpoint(
             out, size, p.band("checkpoint.write_gbps"), p.band("checkpoint.read_gbps")

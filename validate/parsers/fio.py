@@ -11,6 +11,8 @@ Units are normalised, because fio changed them between major versions:
   under ``lat`` with ``lat_percentiles=1``; fio 2.x pads the table with ``"0.00": 0`` entries
   (sometimes several with the same key), which are dropped.
 
+NaN and infinite numbers (``NaN``, ``Infinity``, ``1e999``) raise :class:`ParseError`.
+
 fio may print warnings before the JSON document (``fio: ...`` lines); they are skipped and kept
 in ``FioRun.noise``. Anything after the document is ignored.
 
@@ -37,7 +39,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from validate.parsers import ParseError
+from validate.parsers import ParseError, finite
 
 FORMAT = "fio-json"
 
@@ -152,6 +154,19 @@ def parse_json(text: str) -> FioRun:
     )
 
 
+def _reject_constant(name: str) -> float:
+    raise ParseError(FORMAT, f"non-finite number {name} in fio JSON")
+
+
+def _finite_float(token: str) -> float:
+    return finite(float(token), FORMAT, f"number {token}")
+
+
+# Python's json reads NaN, Infinity and -Infinity (and turns 1e999 into inf); fio JSON with any
+# of them is not a measurement.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def _decode(text: str) -> tuple[object, tuple[str, ...]]:
     lines = text.splitlines(keepends=True)
     offset = 0
@@ -160,7 +175,7 @@ def _decode(text: str) -> tuple[object, tuple[str, ...]]:
             noise = tuple(raw.rstrip("\n") for raw in lines[:index] if raw.strip())
             start = offset + (len(line) - len(line.lstrip()))
             try:
-                doc, _end = json.JSONDecoder().raw_decode(text, start)
+                doc, _end = _DECODER.raw_decode(text, start)
             except json.JSONDecodeError as exc:
                 raise ParseError(FORMAT, f"invalid or truncated JSON: {exc}") from None
             return doc, noise

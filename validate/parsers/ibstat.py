@@ -49,7 +49,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from validate.parsers import ParseError
+from validate.parsers import ParseError, finite
 
 FORMAT = "ibstat"
 IBSTATUS_FORMAT = "ibstatus"
@@ -214,7 +214,7 @@ def _port(ca: str, number: int, fields: dict[str, str]) -> IbPort:
         number=number,
         state=fields["State"],
         physical_state=fields["Physical state"],
-        rate_gbps=float(fields["Rate"]),
+        rate_gbps=finite(float(fields["Rate"]), FORMAT, f"CA {ca!r} port {number} Rate"),
         base_lid=_opt_int(fields.get("Base lid")),
         lmc=_opt_int(fields.get("LMC")),
         sm_lid=_opt_int(fields.get("SM lid")),

@@ -20,7 +20,8 @@ Two entry points:
   ``cpu_time``, ``alg_bw``, ``bus_bw``, ``nwrong``: number or null} or null),
   ``actual_iterations``, ``experiment_name``}], ``out_of_bounds`` {``count``, ``okay``},
   ``average_bus_bandwidth`` {``bandwidth``, ``okay``}, ``errors`` [str], ``end_time``.
-  Booleans are written as the strings ``"true"``/``"false"`` and NaN as ``"nan"``.
+  Booleans are written as the strings ``"true"``/``"false"`` and NaN as ``"nan"``, which is
+  rejected like any non-finite number (:func:`validate.parsers.finite`).
 
 Failures are errors, not results: output without a result table raises :class:`ParseError`
 whose ``reason`` quotes the tool's own error line (``Test CUDA failure ...``, Open MPI's
@@ -56,11 +57,10 @@ Helpers: ``NcclRun.largest_row`` (row at the largest message size), ``NcclRow.bu
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 
-from validate.parsers import ParseError
+from validate.parsers import ParseError, finite
 
 FORMAT = "nccl"
 JSON_FORMAT = "nccl-json"
@@ -334,9 +334,10 @@ def _failure_reason(text: str, what: str) -> str:
 
 def _float(token: str, line: str) -> float:
     try:
-        return float(token)
+        value = float(token)
     except ValueError:
         raise ParseError(FORMAT, f"not a number {token!r} in line {line.strip()!r}") from None
+    return finite(value, FORMAT, f"{token!r} in line {line.strip()!r}")
 
 
 def _int(token: str, line: str) -> int:
@@ -424,11 +425,12 @@ def _result(cols: list[str], line: str) -> NcclResult:
 
 
 def _json_float(value: object) -> float:
+    # util.cu writes NaN as the string "nan"; a NaN bandwidth is not a measurement.
     if value == "nan":
-        return math.nan
+        raise ParseError(JSON_FORMAT, 'value "nan" is not a finite number')
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"not a number: {value!r}")
-    return float(value)
+    return finite(float(value), JSON_FORMAT, "value")
 
 
 def _json_header(config: dict[str, object]) -> NcclHeader:

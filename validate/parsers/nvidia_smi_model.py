@@ -37,6 +37,7 @@ Every numeric field is None when the tool printed N/A, [Not Supported] etc.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Canonical clock event (throttle) reason names: the XML tag suffixes, which the text form's
@@ -175,7 +176,8 @@ def to_int(value: str | None, *suffixes: str) -> int | None:
 
 
 def to_float(value: str | None, *suffixes: str) -> float | None:
-    """Float from a printed value such as ``"67.03 W"``; None for N/A (ValueError otherwise)."""
+    """Float from a printed value such as ``"67.03 W"``; None for N/A (ValueError otherwise,
+    also for ``nan``/``inf``)."""
     text = clean(value)
     if text is None:
         return None
@@ -183,7 +185,10 @@ def to_float(value: str | None, *suffixes: str) -> float | None:
         if text.endswith(suffix):
             text = text[: -len(suffix)].strip()
             break
-    return float(text)
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text!r} is not a finite number")
+    return number
 
 
 def to_bool(value: str | None) -> bool | None:

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 
-from validate.transport.base import CommandResult
+from validate.transport.base import DEFAULT_MAX_OUTPUT_BYTES, Aborted, CommandResult
+from validate.transport.capture import Capture
 
 
 class LocalTransport:
-    """Runs argv with :mod:`subprocess` in its own process group, so that a timeout kills the
-    command and everything it spawned (a hung tool often forks helpers)."""
+    """Runs argv with :mod:`subprocess` in its own process group, so that a timeout (or too
+    much output, or :meth:`abort`) kills the command and everything it spawned (a hung tool
+    often forks helpers). Output is read from both pipes as it comes, up to the cap."""
 
-    def __init__(self, host: str = "localhost", env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "localhost",
+        env: dict[str, str] | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> None:
         self._host = host
         self._env = env
+        self._max_output = max_output_bytes
+        self._state = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._aborted: Aborted | None = None
 
     @property
     def host(self) -> str:
@@ -27,35 +41,90 @@ class LocalTransport:
         args = tuple(argv)
         start = time.monotonic()
         env = None if self._env is None else {**os.environ, **self._env}
+        with self._state:
+            if self._aborted is not None:
+                raise self._aborted
+            try:
+                proc = subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    env=env,
+                )
+            except FileNotFoundError as exc:
+                # Same convention as a shell: 127 = command not found.
+                return CommandResult(args, 127, "", str(exc), time.monotonic() - start)
+            self._proc = proc
         try:
-            proc = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                env=env,
-            )
-        except FileNotFoundError as exc:
-            # Same convention as a shell: 127 = command not found.
-            return CommandResult(args, 127, "", str(exc), time.monotonic() - start)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-            timed_out = False
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            timed_out = True
-            rc = -1
+            return self._collect(proc, args, timeout, start)
+        finally:
+            with self._state:
+                self._proc = None
+            _kill_group(proc)
+            proc.wait()
+
+    def _collect(
+        self, proc: subprocess.Popen[bytes], args: tuple[str, ...], timeout: float, start: float
+    ) -> CommandResult:
+        assert proc.stdout is not None and proc.stderr is not None
+        capture = Capture(self._max_output)
+        deadline = start + timeout
+        timed_out = False
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ, "out")
+            sel.register(proc.stderr, selectors.EVENT_READ, "err")
+            # Both pipes to EOF before the exit status: a tool may print after its last
+            # child exits, and its last line is often the one that matters.
+            while sel.get_map() and not capture.over:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                for key, _ in sel.select(min(remaining, 0.5)):
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                    elif key.data == "out":
+                        capture.out(data)
+                    else:
+                        capture.err(data)
+        if timed_out or capture.over:
+            _kill_group(proc)
+        else:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+        with self._state:
+            if self._aborted is not None:
+                raise self._aborted
+        rc = -1 if timed_out or capture.over else proc.wait()
         return CommandResult(
             args,
             rc,
-            out.decode("utf-8", "replace"),
-            err.decode("utf-8", "replace"),
+            capture.stdout(),
+            capture.stderr(),
             time.monotonic() - start,
             timed_out,
+            capture.over,
         )
 
     def close(self) -> None:
         return None
+
+    def abort(self, code: str, reason: str) -> None:
+        with self._state:
+            if self._aborted is None:
+                self._aborted = Aborted(self._host, reason, code)
+            proc = self._proc
+        if proc is not None:
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""SSH transport on paramiko: verified host keys, bounded timeouts, one connection per host.
+"""SSH transport on paramiko: verified host keys, every step bounded, one connection per host.
 
 Why not ``SSHClient.load_host_keys``: paramiko's loader aborts on lines it cannot read
 (``@cert-authority``/``@revoked`` markers, unknown key types, several spaces between fields),
@@ -6,42 +6,98 @@ while real known_hosts files carry them. :func:`load_known_hosts` reads line by 
 paramiko can verify (plain and hashed ``|1|`` names), remembers ``@revoked`` keys so that they
 are refused, and logs a warning for each line it skips.
 
-Remote commands run as ``exec env LC_ALL=C timeout --signal=KILL <s> <argv...>`` (argv joined
-with :func:`shlex.join`): GNU timeout puts the command in its own process group and kills the
-whole group when the wall clock runs out, so nothing the tool forked keeps running on the node.
-A local backstop closes the channel a few seconds later in case the node itself stalls.
+Every step of a node's SSH conversation has a budget, because a node can stall at any of them
+and paramiko waits forever at some (``Channel.exec_command`` has no timeout at all):
+
+- TCP connect (``connect_timeout_s``), banner (``banner_timeout_s``), key exchange
+  (``connect_timeout_s``), authentication (``auth_timeout_s``): paramiko's own timeouts, with a
+  watchdog over the whole handshake as a backstop;
+- channel open and exec request (``channel_timeout_s`` each): the watchdog;
+- reading: the command's wall clock plus :data:`BACKSTOP_S`, the output cap
+  (``max_output_bytes``), and keepalives: every ``keepalive_s`` an
+  ``keepalive@openssh.com`` request that must be answered within ``keepalive_s`` (a peer that
+  died or froze is noticed within about twice that; TCP keepalive and ``TCP_USER_TIMEOUT``
+  cover a host that vanished from the network);
+- close: never waits for the peer.
+
+The watchdog (one thread per transport) enforces a budget by shutting the socket and closing
+the paramiko transport, which ends every blocked paramiko wait; :meth:`SSHTransport.abort` does
+the same from the runner (node deadline, interrupt). A stalled step raises
+:class:`~validate.transport.Unresponsive` (``host.unresponsive``).
+
+Remote commands run under :data:`REMOTE_WRAPPER` (see :func:`remote_command`): GNU ``timeout``
+bounds the wall clock and kills the command's process group, and a watcher kills it as soon as
+the SSH session goes away (sshd sends no SIGHUP to a command without a pty, so without it a
+killed validator would leave fio or NCCL running). Output is read to EOF on both streams before
+the exit status is taken: a server may send data after the status.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import hmac
 import logging
 import select
 import shlex
+import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
 
 from validate.transport.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    Aborted,
     AuthFailed,
     CommandResult,
     HostKeyRejected,
     TransportError,
     Unreachable,
+    Unresponsive,
 )
+from validate.transport.capture import Capture
 
 LOG = logging.getLogger(__name__)
 
 # Seconds the local side waits beyond the remote `timeout` before giving up on the channel.
 BACKSTOP_S = 5.0
-# GNU timeout exits 124 after TERM and 128+9 when the signal was KILL; since it also signals its
-# own process group, sshd usually reports an exit *signal*, which paramiko shows as -1.
+# GNU timeout with --signal=KILL kills its own process group, itself included: the wrapper sees
+# 137 (128+9); sshd reports a signal death as exit-signal, which paramiko shows as -1.
 _TIMEOUT_RCS = (124, 137, -1)
+# How often the watchdog looks at the budgets (a budget may be overrun by this much).
+_TICK_S = 0.2
+
+# The remote side of every command (POSIX sh; $1 is the timeout, the rest the argv). The
+# command gets /dev/null as stdin; the session's stdin is kept on fd 3 for a watcher, which
+# reads it until EOF: sshd closes it when the channel closes or the connection dies. The watcher
+# then sends TERM to GNU timeout, which passes it to the command's process group and sends KILL
+# 5 s later (--kill-after). The client never sends EOF itself, so EOF means "session gone".
+REMOTE_WRAPPER = (
+    "exec 3<&0 </dev/null\n"
+    'timeout --signal=KILL --kill-after=5 "$@" 3<&- &\n'
+    "cmd=$!\n"
+    '{ cat <&3; kill -TERM "$cmd"; } >/dev/null 2>&1 &\n'
+    "watch=$!\n"
+    "exec 3<&-\n"
+    'wait "$cmd"\n'
+    "rc=$?\n"
+    'kill "$watch" 2>/dev/null\n'
+    'exit "$rc"\n'
+)
+
+
+def remote_command(argv: Sequence[str], timeout: float) -> str:
+    """The exec request for ``argv`` under :data:`REMOTE_WRAPPER` with a ``timeout`` s wall
+    clock (argv is quoted with :func:`shlex.join`, never interpolated into the script)."""
+    return shlex.join(
+        ["exec", "env", "LC_ALL=C", "sh", "-c", REMOTE_WRAPPER, "gpuready", f"{timeout:g}",
+         *argv]
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +154,31 @@ def load_known_hosts(path: Path) -> KnownHosts:
     return KnownHosts(tuple(entries), tuple(revoked), tuple(skipped))
 
 
+# Parsed known_hosts files by (path, mtime, size): a fleet's workers share one file, and
+# parsing every key of it once per node made the parse quadratic in the fleet size.
+_KNOWN_HOSTS: dict[tuple[str, int, int], KnownHosts] = {}
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def _known_hosts_cached(path: Path) -> KnownHosts:
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    with _KNOWN_HOSTS_LOCK:  # the others wait for one parse instead of each doing it
+        known = _KNOWN_HOSTS.get(key)
+        if known is None:
+            known = _KNOWN_HOSTS[key] = load_known_hosts(path)
+    return known
+
+
+def _name_matches(entry: str, lookup: str) -> bool:
+    """A known_hosts name (plain or OpenSSH-hashed ``|1|salt|hash``) against a host name."""
+    if entry == lookup:
+        return True
+    return entry.startswith("|1|") and hmac.compare_digest(
+        paramiko.HostKeys.hash_host(lookup, entry), entry
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class SSHConfig:
     """Connection settings for one host, normally read from the inventory."""
@@ -112,7 +193,19 @@ class SSHConfig:
     connect_timeout_s: float = 10.0
     banner_timeout_s: float = 10.0
     auth_timeout_s: float = 10.0
+    channel_timeout_s: float = 10.0
+    keepalive_s: float = 10.0
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    backstop_s: float = BACKSTOP_S
     extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def with_step_timeout(cls, step_timeout_s: float, **kwargs: object) -> SSHConfig:
+        """Every step budget (connect, banner, auth, channel, keepalive) set to one value."""
+        steps = ("connect", "banner", "auth", "channel")
+        budgets: dict[str, object] = {f"{s}_timeout_s": step_timeout_s for s in steps}
+        budgets["keepalive_s"] = step_timeout_s
+        return cls(**{**budgets, **kwargs})  # type: ignore[arg-type]
 
 
 class _RecordingPolicy(paramiko.MissingHostKeyPolicy):
@@ -133,31 +226,178 @@ class _RecordingPolicy(paramiko.MissingHostKeyPolicy):
         LOG.warning("%s: accepting unknown host key %s (opt-in)", hostname, key.fingerprint)
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    what: str
+    budget_s: float
+    deadline: float
+    error: Callable[[str, str], TransportError]
+
+
 class SSHTransport:
     """One paramiko connection to one host, opened on first use and reused for every command.
 
-    Thread-safe for sequential use by one worker; the runner gives each host its own worker."""
+    ``run`` is for one worker at a time; ``abort`` and ``close`` may come from any thread."""
 
     def __init__(self, config: SSHConfig) -> None:
         self.config = config
+        self._lock = threading.Lock()  # one command at a time
+        self._state = threading.Lock()  # guards the fields below (never held while blocking)
         self._client: paramiko.SSHClient | None = None
-        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._connection_done: threading.Event | None = None  # stops that connection's keepalive
+        self._step: _Step | None = None
+        self._keepalive_since: float | None = None
+        self._failure: TransportError | None = None  # why the watchdog dropped the connection
+        self._aborted: Aborted | None = None
+        self._closed = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
     @property
     def host(self) -> str:
         return self.config.host
+
+    # ------------------------------------------------------------------ from any thread
+
+    def abort(self, code: str, reason: str) -> None:
+        with self._state:
+            if self._aborted is None:
+                self._aborted = Aborted(self.host, reason, code)
+        self._drop()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._drop()
+
+    def _drop(self) -> None:
+        """Tear the connection down without waiting for the peer: shutting the socket wakes
+        every paramiko wait on it, closing the transport closes its channels."""
+        with self._state:
+            client, sock, done = self._client, self._sock, self._connection_done
+            self._client = self._sock = self._connection_done = None
+            self._keepalive_since = None
+        if done is not None:
+            done.set()
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if client is not None:
+            client.close()
+        if sock is not None:
+            sock.close()
+
+    def _fail(self, error: TransportError) -> None:
+        with self._state:
+            if self._failure is None:
+                self._failure = error
+            self._step = None
+        LOG.warning("%s: %s; dropping the connection", self.host, error.reason)
+        self._drop()
+
+    def _broken(self) -> TransportError | None:
+        """Why the connection was torn down from outside (abort or watchdog), if it was."""
+        with self._state:
+            return self._aborted or self._failure
+
+    def _why(self, default: TransportError) -> TransportError:
+        """The real reason a wait ended: an abort, then a watchdog verdict, else ``default``."""
+        with self._state:
+            return self._aborted or self._failure or default
+
+    # ------------------------------------------------------------------ watchdog
+
+    def _ensure_watchdog(self) -> None:
+        # Started on the first step; started again for a run() after close() (which ends it).
+        if self._watchdog is None or not self._watchdog.is_alive():
+            self._closed.clear()
+            self._watchdog = threading.Thread(
+                target=self._watch, name=f"ssh-watchdog-{self.host}", daemon=True
+            )
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        ka = self.config.keepalive_s
+        while not self._closed.wait(_TICK_S):
+            now = time.monotonic()
+            with self._state:
+                step, since = self._step, self._keepalive_since
+            if step is not None and now >= step.deadline:
+                self._fail(step.error(self.host, f"no answer to the {step.what} "
+                                                 f"within {step.budget_s:g} s"))
+            elif since is not None and now - since >= ka:
+                self._fail(Unresponsive(self.host, f"no answer to an SSH keepalive within "
+                                                   f"{ka:g} s (peer dead or frozen)"))
+
+    @contextlib.contextmanager
+    def _stepping(
+        self,
+        what: str,
+        budget_s: float,
+        error: Callable[[str, str], TransportError] = Unresponsive,
+    ) -> Iterator[None]:
+        self._ensure_watchdog()
+        with self._state:
+            self._step = _Step(what, budget_s, time.monotonic() + budget_s, error)
+        try:
+            yield
+        finally:
+            with self._state:
+                self._step = None
+
+    def _keepalive(self, transport: paramiko.Transport, done: threading.Event) -> None:
+        """Probe the peer every ``keepalive_s``; the watchdog judges unanswered probes."""
+        while not done.wait(self.config.keepalive_s):
+            if not transport.is_active():
+                return
+            with self._state:
+                if done.is_set():
+                    return
+                self._keepalive_since = time.monotonic()
+            # Returns on the peer's reply (OpenSSH answers with a failure reply) or when the
+            # transport closes; never on its own.
+            transport.global_request("keepalive@openssh.com", wait=True)
+            with self._state:
+                if not done.is_set():
+                    self._keepalive_since = None
+
+    # ------------------------------------------------------------------ connecting
+
+    def _open_socket(self) -> socket.socket:
+        cfg = self.config
+        try:
+            infos = socket.getaddrinfo(cfg.address, cfg.port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise Unreachable(cfg.host, f"cannot resolve {cfg.address}: {exc}") from exc
+        last: OSError | None = None
+        for family, kind, proto, _, addr in infos:
+            sock = socket.socket(family, kind, proto)
+            sock.settimeout(cfg.connect_timeout_s)
+            _tcp_keepalive(sock, cfg.keepalive_s)
+            try:
+                sock.connect(addr)
+            except OSError as exc:
+                sock.close()
+                last = exc
+                continue
+            return sock
+        reason = str(last) or type(last).__name__ if last else "no address"
+        raise Unreachable(cfg.host, f"{cfg.address}:{cfg.port}: {reason}")
 
     def _connect(self) -> paramiko.SSHClient:
         cfg = self.config
         client = paramiko.SSHClient()
         if cfg.known_hosts is not None:
             try:
-                known = load_known_hosts(cfg.known_hosts)
+                known = _known_hosts_cached(cfg.known_hosts)
             except OSError as exc:
                 raise HostKeyRejected(cfg.host, f"cannot read known_hosts: {exc}") from exc
+            # paramiko looks a host up under "addr" (port 22) or "[addr]:port"; only those
+            # entries go into this connection's store (HostKeys.add is linear per entry).
+            lookup = cfg.address if cfg.port == 22 else f"[{cfg.address}]:{cfg.port}"
             store = client.get_host_keys()
             for name, key in known.entries:
-                store.add(name, key.get_name(), key)
+                if _name_matches(name, lookup):
+                    store.add(name, key.get_name(), key)
             revoked = known.revoked
         else:
             revoked = ()
@@ -168,19 +408,29 @@ class SSHTransport:
                 pkey = paramiko.PKey.from_path(cfg.key_file)
             except (OSError, paramiko.SSHException, ValueError) as exc:
                 raise AuthFailed(cfg.host, f"cannot load key {cfg.key_file}: {exc}") from exc
+        sock = self._open_socket()
+        with self._state:
+            if self._aborted is not None:
+                sock.close()
+                raise self._aborted
+            self._sock, self._failure = sock, None
+        # paramiko bounds each handshake step itself; the watchdog bounds their sum.
+        budget = cfg.connect_timeout_s + cfg.banner_timeout_s + cfg.auth_timeout_s + 2.0
         try:
-            client.connect(
-                cfg.address,
-                port=cfg.port,
-                username=cfg.user,
-                pkey=pkey,
-                timeout=cfg.connect_timeout_s,
-                banner_timeout=cfg.banner_timeout_s,
-                auth_timeout=cfg.auth_timeout_s,
-                channel_timeout=cfg.connect_timeout_s,
-                allow_agent=False,
-                look_for_keys=cfg.key_file is None,
-            )
+            with self._stepping("SSH handshake", budget, Unreachable):
+                client.connect(
+                    cfg.address,
+                    port=cfg.port,
+                    username=cfg.user,
+                    pkey=pkey,
+                    sock=sock,
+                    timeout=cfg.connect_timeout_s,
+                    banner_timeout=cfg.banner_timeout_s,
+                    auth_timeout=cfg.auth_timeout_s,
+                    channel_timeout=cfg.channel_timeout_s,
+                    allow_agent=False,
+                    look_for_keys=cfg.key_file is None,
+                )
         except HostKeyRejected:
             client.close()
             raise
@@ -193,103 +443,176 @@ class SSHTransport:
             ) from exc
         except paramiko.AuthenticationException as exc:
             client.close()
+            if "timeout" in str(exc).lower():
+                raise self._why(Unresponsive(
+                    cfg.host, f"no answer to authentication within {cfg.auth_timeout_s:g} s"
+                )) from exc
             raise AuthFailed(cfg.host, f"authentication as {cfg.user} failed: {exc}") from exc
         except (OSError, paramiko.SSHException, EOFError) as exc:
+            # When its key-exchange timeout passes, paramiko's start_client returns without an
+            # error and connect() fails later with "No existing session"; the transport thread
+            # may hold the real cause (a bad banner).
+            failed = client.get_transport()
+            cause = failed.get_exception() if failed is not None else None
             client.close()
-            reason = str(exc) or type(exc).__name__
-            raise Unreachable(cfg.host, f"{cfg.address}:{cfg.port}: {reason}") from exc
+            reason = str(cause or exc) or type(cause or exc).__name__
+            if cause is None and "No existing session" in reason:
+                reason = (f"no SSH banner and key exchange within "
+                          f"{cfg.connect_timeout_s:g} s")
+            raise self._why(Unreachable(cfg.host, f"{cfg.address}:{cfg.port}: {reason}")) from exc
         transport = client.get_transport()
         server_key = transport.get_remote_server_key() if transport else None
         if server_key is not None and any(server_key == r for r in revoked):
             client.close()
             raise HostKeyRejected(cfg.host, f"host key {server_key.fingerprint} is @revoked")
+        if transport is None:
+            raise self._why(Unreachable(cfg.host, "connection closed during the handshake"))
+        done = threading.Event()
+        with self._state:
+            if self._aborted is not None:
+                client.close()
+                raise self._aborted
+            self._client, self._connection_done = client, done
+        threading.Thread(
+            target=self._keepalive, args=(transport, done), name=f"ssh-keepalive-{cfg.host}",
+            daemon=True,
+        ).start()
         return client
 
     def _client_for_run(self) -> paramiko.SSHClient:
-        client = self._client
+        with self._state:
+            client = self._client
         transport = client.get_transport() if client else None
         if client is None or transport is None or not transport.is_active():
-            if client is not None:
-                client.close()
-            self._client = self._connect()
-        assert self._client is not None
-        return self._client
+            self._drop()
+            client = self._connect()
+        return client
+
+    # ------------------------------------------------------------------ commands
 
     def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
-        """Run argv under a remote wall-clock kill; raise :class:`TransportError` subclasses
-        only when the host cannot be asked at all."""
+        """Run argv under the remote wrapper; raise :class:`TransportError` subclasses only
+        when the host cannot be asked (or stops answering, or the run is aborted)."""
         args = tuple(argv)
-        remote = shlex.join(
-            ["exec", "env", "LC_ALL=C", "timeout", "--signal=KILL", f"{timeout:g}", *args]
-        )
+        remote = remote_command(args, timeout)
+        cfg = self.config
         with self._lock:
+            with self._state:
+                if self._aborted is not None:
+                    raise self._aborted
             client = self._client_for_run()
             start = time.monotonic()
             transport = client.get_transport()
-            if transport is None:
-                raise Unreachable(self.host, "connection lost")
+            tool = args[0] if args else "?"
             try:
-                chan = transport.open_session(timeout=self.config.connect_timeout_s)
-                chan.exec_command(remote)
+                if transport is None:
+                    raise EOFError("connection lost")
+                with self._stepping("channel open request", cfg.channel_timeout_s):
+                    chan = transport.open_session(timeout=cfg.channel_timeout_s)
+                with self._stepping("exec request", cfg.channel_timeout_s):
+                    chan.exec_command(remote)
             except (paramiko.SSHException, OSError, EOFError) as exc:
-                client.close()
-                self._client = None
-                raise Unreachable(self.host, f"cannot open a session: {exc}") from exc
-            return self._collect(chan, args, timeout, start)
+                self._drop()
+                reason = str(exc) or type(exc).__name__
+                raise self._why(Unresponsive(self.host, f"cannot start {tool}: {reason}")) from exc
+            return self._collect(chan, transport, args, timeout, start)
 
     def _collect(
-        self, chan: paramiko.Channel, args: tuple[str, ...], timeout: float, start: float
+        self,
+        chan: paramiko.Channel,
+        transport: paramiko.Transport,
+        args: tuple[str, ...],
+        timeout: float,
+        start: float,
     ) -> CommandResult:
-        out: list[bytes] = []
-        err: list[bytes] = []
-        deadline = start + timeout + BACKSTOP_S
+        capture = Capture(self.config.max_output_bytes)
+        deadline = start + timeout + self.config.backstop_s
         backstop_fired = False
-        chan.shutdown_write()
+        # No shutdown_write(): the remote wrapper takes EOF on stdin to mean "session gone".
         while True:
-            while chan.recv_ready():
-                out.append(chan.recv(65536))
-            while chan.recv_stderr_ready():
-                err.append(chan.recv_stderr(65536))
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            while chan.recv_ready() and not capture.over:
+                capture.out(chan.recv(65536))
+            while chan.recv_stderr_ready() and not capture.over:
+                capture.err(chan.recv_stderr(65536))
+            if capture.over:
                 break
-            if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
+            drained = not chan.recv_ready() and not chan.recv_stderr_ready()
+            # Both streams at EOF (or the channel closed) and the status in: the command is
+            # over. The status alone is not the end: a server may send output after it.
+            if drained and (chan.closed or (chan.eof_received and _has_status(chan))):
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 backstop_fired = True
                 break
-            # The channel's fileno becomes readable on data, stderr data or close.
+            # The channel's fileno becomes readable on data, stderr data, EOF or close.
             try:
-                select.select([chan], [], [], min(remaining, 1.0))
+                select.select([chan], [], [], min(remaining, 0.2))
             except (OSError, ValueError):
                 time.sleep(0.01)
         duration = time.monotonic() - start
+        tool = args[0] if args else "?"
+        if capture.over:
+            chan.close()  # the wrapper on the node kills the command when the channel goes
+            return CommandResult(args, -1, capture.stdout(), capture.stderr(), duration,
+                                 False, True)
         if backstop_fired:
             chan.close()
+            failed = self._broken()
+            if failed is not None:
+                raise failed
             return CommandResult(
                 args,
                 -1,
-                _dec(out),
-                _dec(err) + "\n[gpuready: channel closed by backstop]",
+                capture.stdout(),
+                capture.stderr() + "\n[gpuready: channel closed by backstop]",
                 duration,
                 True,
             )
-        rc = chan.recv_exit_status()
+        # Ended without EOF: the connection dropped or was torn down (an abort, the
+        # watchdog), even when the status had come. sshd sends EOF before it closes, also for
+        # a command killed by a signal (which has no status).
+        if not chan.eof_received or self._broken() or (
+            not _has_status(chan) and not transport.is_active()
+        ):
+            self._drop()
+            raise self._why(Unresponsive(
+                self.host, f"connection lost after {duration:.1f} s while {tool} was running"
+            ))
+        rc = chan.exit_status
         chan.close()
         timed_out = rc in _TIMEOUT_RCS and duration >= timeout - 0.5
         return CommandResult(
-            args, -1 if timed_out else rc, _dec(out), _dec(err), duration, timed_out
+            args, -1 if timed_out else rc, capture.stdout(), capture.stderr(), duration, timed_out
         )
 
-    def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+
+def _has_status(chan: paramiko.Channel) -> bool:
+    """Whether the exit status arrived. paramiko's ``exit_status_ready()`` (and its
+    ``status_event``) are also true on any close; ``exit_status`` stays -1 until a status
+    comes (SSH sends it as an unsigned int, so a real one is never negative)."""
+    return chan.exit_status >= 0
 
 
-def _dec(chunks: list[bytes]) -> str:
-    return b"".join(chunks).decode("utf-8", "replace")
+def _tcp_keepalive(sock: socket.socket, interval_s: float) -> None:
+    """TCP keepalive and a bound on unacknowledged data: a host that vanished from the
+    network (no FIN, no RST) ends the connection in about three intervals."""
+    seconds = max(1, round(interval_s))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", seconds), ("TCP_KEEPINTVL", seconds), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", seconds * 3 * 1000)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
-__all__ = ["KnownHosts", "SSHConfig", "SSHTransport", "TransportError", "load_known_hosts"]
+__all__ = [
+    "REMOTE_WRAPPER",
+    "KnownHosts",
+    "SSHConfig",
+    "SSHTransport",
+    "TransportError",
+    "load_known_hosts",
+    "remote_command",
+]

@@ -185,3 +185,15 @@ def test_empty_or_garbage(text: str) -> None:
     with pytest.raises(ParseError) as info:
         fio.parse_json(text)
     assert info.value.fmt == "fio-json"
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_numbers_are_rejected(fixtures_dir: Path, bad: str) -> None:
+    """The real fio 3.33 capture with one bandwidth replaced: NaN must not pass a threshold,
+    and Infinity (which crashed the report) must be a parse error."""
+    text = _read(
+        fixtures_dir, "fio-3.33-json-seqwrite-seqread-randread4k-3jobs-stonewall-vm-disk.json"
+    )
+    assert '"bw_bytes" : 2656136811,' in text
+    with pytest.raises(ParseError, match="finite"):
+        fio.parse_json(text.replace('"bw_bytes" : 2656136811,', f'"bw_bytes" : {bad},', 1))

@@ -159,3 +159,11 @@ def test_ibstatus_garbage_and_truncation(fixtures_dir: Path) -> None:
     for text in ("", "garbage line"):
         with pytest.raises(ParseError):
             ibstat.parse_ibstatus(text)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "NaN"])
+def test_non_finite_rate_is_rejected(fixtures_dir: Path, bad: str) -> None:
+    text = _read(fixtures_dir, "ibstat-h100-node-all-active-ndr400-spaces.txt")
+    assert "Rate: 400" in text
+    with pytest.raises(ParseError, match="not a finite number"):
+        ibstat.parse_report(text.replace("Rate: 400", f"Rate: {bad}", 1))

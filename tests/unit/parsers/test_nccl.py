@@ -342,18 +342,35 @@ def test_json_matches_the_text_of_the_same_run(fixtures_dir: Path) -> None:
     assert json_run.header == text_run.header
 
 
-def test_json_nan_null_wrong_and_in_place_only() -> None:
+def test_json_null_wrong_and_in_place_only() -> None:
     doc = json.loads(_util_cu_json(rows=1))
     row = doc["results"][0]
     row["out_of_place"] = None  # writeBenchMarkLineNullBody
-    row["in_place"] = {"cpu_time": 12.5, "alg_bw": "nan", "bus_bw": 1.5, "nwrong": None}
+    row["in_place"] = {"cpu_time": 12.5, "alg_bw": 1.2, "bus_bw": 1.5, "nwrong": None}
     run = nccl.parse_json(json.dumps(doc))
     parsed = run.rows[0]
     assert parsed.out_of_place is None
     assert parsed.in_place is not None
     assert parsed.in_place.time_us == 12.5 and parsed.in_place.wrong is None
-    assert parsed.in_place.algbw_gbps != parsed.in_place.algbw_gbps  # NaN
     assert parsed.busbw_gbps == 1.5
+
+
+@pytest.mark.parametrize("bad", ['"nan"', "NaN", "Infinity", "-Infinity", "1e999"])
+def test_json_non_finite_numbers_are_rejected(bad: str) -> None:
+    """util.cu writes NaN as "nan"; Python's json reads NaN/Infinity literals and turns 1e999
+    into inf. A NaN bus bandwidth compares false to every threshold: it must not parse."""
+    doc = _util_cu_json(rows=1).replace('"bus_bw":', f'"bus_bw":{bad},"x":', 1)
+    with pytest.raises(ParseError, match="finite"):
+        nccl.parse_json(doc)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "NaN", "1e999"])
+def test_text_non_finite_numbers_are_rejected(fixtures_dir: Path, bad: str) -> None:
+    text = _read(fixtures_dir, "all_reduce_perf-8x-a100-sxm4-80gb-single-node-nccl2.16.2.txt")
+    row = "   536870912     134217728     float     sum      -1   4145.6  129.50  226.63      0"
+    assert row in text
+    with pytest.raises(ParseError, match="not a finite number"):
+        nccl.parse_text(text.replace(row, row.replace("226.63", bad.rjust(6))))
 
 
 def test_json_run_that_ended_early_quotes_errors() -> None:

@@ -256,3 +256,17 @@ def test_xml_refuses_entity_declarations() -> None:
     )
     with pytest.raises(ParseError, match="entities"):
         nvidia_smi_xml.parse(bomb)
+
+
+@pytest.mark.parametrize("bad", ["nan W", "inf W", "-inf W", "NaN W"])
+def test_non_finite_numbers_are_rejected(fixtures_dir: Path, bad: str) -> None:
+    xml = (fixtures_dir / "nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml").read_text()
+    assert "<power_draw>67.03 W</power_draw>" in xml
+    with pytest.raises(ParseError, match="not a finite number"):
+        nvidia_smi_xml.parse(xml.replace("<power_draw>67.03 W</power_draw>",
+                                         f"<power_draw>{bad}</power_draw>", 1))
+    text = (fixtures_dir / "nvidia-smi-q-text/h100-80gb-hbm3-x8-drv535.161.08-full.txt").read_text()
+    line = "        Power Draw                        : 67.74 W"
+    assert line in text
+    with pytest.raises(ParseError, match="not a finite number"):
+        nvidia_smi_q.parse(text.replace(line, line.replace("67.74 W", bad), 1))
