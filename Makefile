@@ -8,7 +8,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the lab needs on this machine (the lab hosts install their own).
-LAB_DEBS := debootstrap systemd-container dpkg-dev gnupg openssh-client util-linux iproute2
+# debian-archive-keyring: debootstrap verifies bookworm and trixie against it.
+LAB_DEBS := debootstrap debian-archive-keyring systemd-container dpkg-dev gnupg openssh-client \
+	util-linux iproute2
 STAMP_PY := $(VENV)/.installed-requirements
 STAMP_DEBS := .lab/.installed-debs
 PYTEST_ARGS ?=
