@@ -8,7 +8,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the lab needs on this machine (the lab hosts install their own).
-LAB_DEBS := debootstrap systemd-container dpkg-dev gnupg openssh-client util-linux iproute2
+# debian-archive-keyring: debootstrap verifies bookworm and trixie against it.
+LAB_DEBS := debootstrap debian-archive-keyring systemd-container dpkg-dev gnupg openssh-client \
+	util-linux iproute2
 # The report page's browser test (tests/unit/test_report_browser.py) drives Debian's Chromium
 # through Playwright; Playwright's own browser download is never used.
 BROWSER_DEBS := chromium

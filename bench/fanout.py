@@ -50,10 +50,11 @@ install -d /etc/apt/keyrings
 python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen(
   "http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
 echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg]" \
-  "http://127.0.0.1:{port}/cuda/debian12/x86_64/ /" \
+  "http://127.0.0.1:{port}/compute/cuda/repos/debian12/x86_64/ /" \
   > /etc/apt/sources.list.d/gpuready-lab.list
 apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-  nvidia-driver-550=550.90.07-0ubuntu1 >/dev/null
+  nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \
+  nvidia-persistenced=550.90.07-1 >/dev/null
 systemctl enable --now nvidia-persistenced >/dev/null 2>&1
 """
 

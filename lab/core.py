@@ -133,7 +133,9 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
         _check_tools()
         _cleanup_leftovers(paths)
         _check_ssh_ports(hosts)
-        cached = rootfs.ensure_rootfs(paths.cache, log=log)
+        # One cached rootfs per OS the fleet runs (built the first time it is needed).
+        cached = {os_key: rootfs.ensure_rootfs(paths.cache, log=log, os_key=os_key)
+                  for os_key in sorted({h.os for h in hosts})}
         repo.ensure_repo(paths)
         pubkey = ensure_ssh_key(paths)
         paths.run.mkdir(parents=True, exist_ok=True)
@@ -143,7 +145,7 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
         try:
             state = replace(state, repo_pid=repo.start_server(paths, repo_port))
             save_state(paths, state)
-            known = [hosts_mod.prepare(paths, h, cached, pubkey) for h in hosts]
+            known = [hosts_mod.prepare(paths, h, cached[h.os], pubkey) for h in hosts]
             paths.known_hosts.write_text("".join(known))
             for h in hosts:
                 hosts_mod.start(paths, h)
@@ -160,7 +162,8 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
                                f"{', '.join(late)} (logs kept in {paths.root}/last-failure/)")
             for h in hosts:
                 apply_runtime_faults(paths, h.name, h.faults, deadline)
-            inventory.write(paths, hosts, repo_port)
+            inventory.write(paths, hosts, repo_port,
+                            repo_key_fingerprint=repo.key_fingerprint(paths))
         except BaseException:
             _keep_logs(paths, state)
             _teardown(paths, state)

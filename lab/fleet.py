@@ -2,10 +2,14 @@
 
 Schema (``lab/fleets/<name>.yml``)::
 
-    pools:                      # inventory group -> simulated hardware profile
-      pool_h100_sxm: {hw_profile: h100-sxm5-8x}
+    pools:                      # inventory group -> simulated hardware profile (and OS)
+      pool_h100_sxm: {hw_profile: h100-sxm5-8x, os: debian-12}
     hosts:                      # optional; `--nodes N` spreads N hosts over the pools instead
       - {name: node1, pool: pool_h100_sxm, faults: [ecc-uncorrectable]}
+      - {name: node2, pool: pool_h100_sxm, os: debian-13}
+
+``os`` (per pool, or per host overriding its pool's) is one of ``lab.rootfs.OSES``; default
+debian-12. Each OS boots from its own cached rootfs.
 
 Every error names the file and the offending entry; nothing is booted before the whole fleet is
 valid.
@@ -24,6 +28,7 @@ import yaml
 
 from lab import hardware
 from lab.errors import LabError
+from lab.rootfs import DEFAULT_OS, OSES
 
 FLEETS_DIR = Path(__file__).resolve().parent / "fleets"
 # Hosts live on 127.0.1.(BASE+i): below BASE stays free (Debian maps the machine's own hostname
@@ -45,6 +50,7 @@ class LabHost:
     address: str
     port: int = 22
     faults: tuple[str, ...] = field(default_factory=tuple)
+    os: str = DEFAULT_OS
 
 
 def address_for(position: int) -> str:
@@ -80,11 +86,13 @@ def load_fleet(name_or_path: str = "default", nodes: int | None = None,
     if not isinstance(data, dict) or not isinstance(data.get("pools"), dict) or not data["pools"]:
         raise LabError(f"{path}: needs a non-empty 'pools' mapping")
     pools: dict[str, str] = {}
+    pool_os: dict[str, str] = {}
     for pool, spec in data["pools"].items():
         if not isinstance(spec, dict) or "hw_profile" not in spec:
             raise LabError(f"{path}: pool '{pool}' needs a hw_profile")
         _check_profile(path, f"pool '{pool}'", spec["hw_profile"])
         pools[pool] = spec["hw_profile"]
+        pool_os[pool] = _check_os(path, f"pool '{pool}'", spec.get("os", DEFAULT_OS))
 
     entries: list[dict[str, Any]]
     if nodes is not None:
@@ -118,9 +126,18 @@ def load_fleet(name_or_path: str = "default", nodes: int | None = None,
         faults = tuple(entry.get("faults") or ())
         for fault in faults:
             check_fault(fault, where=f"{path}: host '{name}'")
+        host_os = _check_os(path, f"host '{name}'", entry.get("os", pool_os[pool]))
         hosts.append(LabHost(name=name, pool=pool, hw_profile=hw_profile,
-                             address=address_for(position), port=port, faults=faults))
+                             address=address_for(position), port=port, faults=faults,
+                             os=host_os))
     return hosts
+
+
+def _check_os(path: Path, where: str, os_key: object) -> str:
+    if not isinstance(os_key, str) or os_key not in OSES:
+        raise LabError(f"{path}: {where}: unknown os {os_key!r} (lab hosts run: "
+                       f"{', '.join(OSES)})")
+    return os_key
 
 
 def check_fault(fault: str, where: str = "") -> None:

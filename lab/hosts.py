@@ -70,7 +70,8 @@ def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str) -> str:
     write_faults(paths, host.name, host.faults)
     _write_json_atomic(hdir / "spec.json", {
         "name": host.name, "address": host.address, "port": str(host.port),
-        "pool": host.pool, "hw_profile": host.hw_profile, "sim_dir": str(paths.sim_dir),
+        "pool": host.pool, "hw_profile": host.hw_profile, "os": host.os,
+        "sim_dir": str(paths.sim_dir),
     })
 
     etc = merged / "etc"
@@ -122,7 +123,7 @@ def pid_alive(pid: int | None) -> bool:
         return False
     try:  # a zombie is not alive
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # it exited between the two looks
         return False
 
 

@@ -1,15 +1,29 @@
-"""The SIMULATED vendor packages of the lab repository: production names, realistic versions.
+"""The SIMULATED vendor packages of the lab repository, per OS, as the real repositories have them.
 
-Only what vendor repositories carry is simulated (NVIDIA driver branches, fabric manager, the
-container toolkit, kubelet/kubeadm/kubectl, nccl-tests, MLNX ibstat). Each binary is a thin
-wrapper that execs a simulator from ``/opt/gpuready-lab/sim`` (bind-mounted into every lab host)
-with the package's upstream version in ``GPUREADY_SIM_VERSION``, so the tool reports the version
-that apt installed. Every description says "gpuready lab simulator".
+The package universe comes from the real repositories' facts in
+``tests/fixtures/vendor-repos/facts.yml`` (names, versions, revisions, the relations that
+matter, key file names, each with its public source): a Debian 12 lab host sees what NVIDIA's
+``debian12`` repository carries and a Debian 13 host what ``debian13`` carries. Ubuntu-shaped
+package sets exist in the facts but are served to no lab host (no lab host claims Ubuntu).
+
+Only what vendor repositories carry is simulated (NVIDIA driver, fabric manager, NCCL, the
+container toolkit, kubelet/kubeadm/kubectl) plus a site repository (nccl-tests, MLNX ibstat).
+Each binary is a thin wrapper that execs a simulator from ``/opt/gpuready-lab/sim``
+(bind-mounted into every lab host) with the package's upstream version in
+``GPUREADY_SIM_VERSION``, so the tool reports the version that apt installed. Every description
+says "gpuready lab simulator"; relations the facts do not give (which package carries which
+program) are the lab's own and keep the packages installable together.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from lab.paths import REPO_ROOT
 
 SIM = "/opt/gpuready-lab/sim"
 LAB_NOTE = (
@@ -168,127 +182,247 @@ ExecStart=
 ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
 """  # noqa: E501 (the real drop-in's line)
 
-CUDA = "cuda/debian12/x86_64"
-TOOLKIT = "libnvidia-container/stable/deb/amd64"
-KUBERNETES = "kubernetes/v1.30/deb"
+FACTS_FILE = REPO_ROOT / "tests" / "fixtures" / "vendor-repos" / "facts.yml"
+# The OSes lab hosts run, whose CUDA repository directories the lab serves.
+LAB_OSES = ("debian-12", "debian-13")
+# Served paths mirror the vendors' URL paths, so a role's default URL with the host swapped for
+# the lab's is the lab's URL (as a site mirror keeps the layout).
+CUDA_ROOT = "compute/cuda/repos"
+TOOLKIT_ROOT = "libnvidia-container"
+KUBERNETES_MINOR = "1.30"
 EXTRAS = "extras"
-REPOS = (CUDA, TOOLKIT, KUBERNETES, EXTRAS)
-
-DRIVERS = (("535", "535.161.08"), ("550", "550.54.15"), ("550", "550.90.07"))
-TOOLKITS = ("1.16.2", "1.17.3")
-KUBE = ("1.30.4", "1.30.5")
+# nccl-tests: -J (JSON output) exists from 2.17 on; the older build is for pin moves.
 NCCL_TESTS = ("2.13.10", "2.17.1")
 
 
-def _driver_packages(branch: str, upstream: str) -> list[Package]:
-    version = f"{upstream}-0ubuntu1"
-    exact = f"(= {version})"
-    pkgs = [
-        Package(CUDA, f"nvidia-utils-{branch}", version, "NVIDIA driver support binaries",
-                provides=("nvidia-utils",), conflicts=("nvidia-utils",),
-                files=(_bin("/usr/bin/nvidia-smi", "nvidia-smi", "nvidia_smi.py", upstream),)),
-        Package(CUDA, f"nvidia-compute-utils-{branch}", version, "NVIDIA compute utilities",
-                provides=("nvidia-compute-utils",), conflicts=("nvidia-compute-utils",),
-                files=(_bin("/usr/bin/nvidia-persistenced", "nvidia-persistenced",
-                            "daemons.py", upstream),
-                       File("/lib/systemd/system/nvidia-persistenced.service",
-                            PERSISTENCED_UNIT)),
-                postinst=RELOAD),
-        Package(CUDA, f"nvidia-fabricmanager-{branch}", version,
-                "Fabric Manager for NVSwitch based systems",
-                provides=("nvidia-fabricmanager",), conflicts=("nvidia-fabricmanager",),
-                files=(_bin("/usr/bin/nv-fabricmanager", "nv-fabricmanager", "daemons.py",
-                            upstream),
-                       File("/lib/systemd/system/nvidia-fabricmanager.service",
-                            FABRICMANAGER_UNIT),
-                       File("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG)),
-                postinst=RELOAD),
+@dataclass(frozen=True)
+class Repository:
+    """One served flat repository: its directory and where its signing key is published."""
+
+    path: str  # relative to the lab repository root
+    key_path: str  # the vendor's key file name, relative to the lab repository root
+    label: str
+
+
+@functools.cache
+def facts() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(FACTS_FILE.read_text())
+    return data
+
+
+def _cuda(os_key: str) -> dict[str, Any]:
+    cuda: dict[str, Any] = facts()["repositories"]["nvidia-cuda"]["os"][os_key]
+    return cuda
+
+
+def cuda_path(os_key: str) -> str:
+    return f"{CUDA_ROOT}/{_cuda(os_key)['directory']}"
+
+
+def toolkit_path() -> str:
+    return f"{TOOLKIT_ROOT}/{facts()['repositories']['nvidia-container-toolkit']['directory']}"
+
+
+def kubernetes_path(minor: str = KUBERNETES_MINOR) -> str:
+    directory: str = facts()["repositories"]["kubernetes"]["directory"]
+    return directory.replace("{minor}", minor)
+
+
+def repositories() -> tuple[Repository, ...]:
+    toolkit_key = facts()["repositories"]["nvidia-container-toolkit"]["key"]["file"]
+    k8s_key = facts()["repositories"]["kubernetes"]["key"]["file"]
+    repos = [Repository(cuda_path(os_key), f"{cuda_path(os_key)}/{_cuda(os_key)['key']['file']}",
+                        f"NVIDIA CUDA {_cuda(os_key)['directory']}") for os_key in LAB_OSES]
+    repos += [
+        Repository(toolkit_path(), f"{TOOLKIT_ROOT}/{toolkit_key}", "NVIDIA container toolkit"),
+        Repository(kubernetes_path(), f"{kubernetes_path()}/{k8s_key}",
+                   f"Kubernetes v{KUBERNETES_MINOR}"),
+        Repository(EXTRAS, f"{EXTRAS}/keyring.asc", "site repository (nccl-tests, MLNX ibstat)"),
     ]
-    for flavour, suffix in (("proprietary", ""), ("open", "-open")):
-        dkms = f"nvidia-dkms-{branch}{suffix}"
+    return tuple(repos)
+
+
+def _render(template: str, **values: str) -> str:
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", value)
+    return template
+
+
+def _relations(relations: list[dict[str, str]], name: str, version: str,
+               branch: str = "") -> list[str]:
+    """The facts' relations of one package, at one version."""
+    return [_render(r["depends"], version=version, branch=branch) for r in relations
+            if _render(r["package"], branch=branch) == name]
+
+
+def _doc(name: str, what: str) -> File:
+    return File(f"/usr/share/doc/{name}/README.gpuready-lab",
+                f"Simulated package ({what}): no vendor software is included.\n")
+
+
+def _cuda_packages(os_key: str) -> list[Package]:
+    """NVIDIA's CUDA repository for one OS: driver releases, fabric manager, NCCL."""
+    cuda = _cuda(os_key)
+    if cuda["naming"] != "debian":
+        raise ValueError(f"{os_key}: the lab serves only Debian-style CUDA repositories")
+    repo = cuda_path(os_key)
+    driver = cuda["driver"]
+    source = {"Source": driver["source_package"]}
+    fabric = cuda["fabricmanager"]
+    pkgs: list[Package] = []
+    for release in driver["releases"]:
+        upstream = release["upstream"]
+        branch = upstream.split(".")[0]
+        version = _render(driver["package_version"], upstream=upstream)
+        exact = f"(= {version})"
+        names = set(driver["packages"])
+
+        def rel(name: str, *own: str, _v: str = version, _b: str = branch) -> tuple[str, ...]:
+            return (*_relations(driver.get("relations", []), name, _v, _b), *own)
+
+        for name in sorted(names):
+            files: tuple[File, ...] = (_doc(name, f"NVIDIA driver {upstream}"),)
+            depends: tuple[str, ...] = rel(name)
+            conflicts: tuple[str, ...] = ()
+            postinst = None
+            extra = source
+            if name == "nvidia-smi":
+                files = (_bin("/usr/bin/nvidia-smi", "nvidia-smi", "nvidia_smi.py", upstream),)
+                depends = rel(name, f"nvidia-alternative {exact}")
+            elif name in {"libnvidia-ml1", "libcuda1"}:
+                depends = rel(name, f"nvidia-alternative {exact}")
+            elif name == "nvidia-persistenced":
+                # A source of its own in Debian; the lab versions it with the driver.
+                extra = {}
+                files = (_bin("/usr/bin/nvidia-persistenced", "nvidia-persistenced",
+                              "daemons.py", upstream),
+                         File("/lib/systemd/system/nvidia-persistenced.service",
+                              PERSISTENCED_UNIT))
+                postinst = RELOAD
+            elif name == "nvidia-driver-cuda":
+                # NVIDIA's compute-only meta package: the userland a GPU node runs.
+                depends = rel(name, *(f"{n} {exact}" for n in
+                                      ("nvidia-smi", "libcuda1", "nvidia-persistenced")
+                                      if n in names))
+            elif name in ("nvidia-kernel-dkms", "nvidia-kernel-open-dkms"):
+                flavour = "open" if "open" in name else "proprietary"
+                other = ("nvidia-kernel-dkms" if flavour == "open"
+                         else "nvidia-kernel-open-dkms")
+                files = (File(f"/usr/src/nvidia-{upstream}/dkms.conf",
+                              f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{upstream}"\n'
+                              f"# gpuready lab simulator: {flavour} kernel modules, "
+                              "not built\n"),)
+                depends = rel(name, *(f"{n} {exact}" for n in
+                                      ("firmware-nvidia-gsp", "nvidia-kernel-support")
+                                      if n in names))
+                # Both flavours build the same nvidia.ko: one at a time (lab relation).
+                conflicts = (other,)
+                postinst = DKMS_POSTINST.replace("{version}", upstream)
+            pkgs.append(Package(repo, name, version,
+                                f"NVIDIA driver package {name} ({upstream})", depends=depends,
+                                conflicts=conflicts, files=files, postinst=postinst,
+                                extra=extra))
+        fm_name = (fabric["name_from_580"] if int(branch) >= 580
+                   else _render(fabric["name_before_580"], branch=branch))
         pkgs.append(Package(
-            CUDA, dkms, version, f"NVIDIA DKMS package ({flavour} kernel modules)",
-            provides=("nvidia-dkms-kernel",), conflicts=("nvidia-dkms-kernel",),
-            files=(File(f"/usr/src/nvidia-{upstream}/dkms.conf",
-                        f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{upstream}"\n'
-                        f"# gpuready lab simulator: {flavour} kernel modules, not built\n"),),
-            postinst=DKMS_POSTINST.replace("{version}", upstream)))
-        pkgs.append(Package(
-            CUDA, f"nvidia-driver-{branch}{suffix}", version,
-            f"NVIDIA driver metapackage ({flavour} kernel modules)",
-            depends=(f"nvidia-utils-{branch} {exact}", f"nvidia-compute-utils-{branch} {exact}",
-                     f"{dkms} {exact}"),
-            provides=("nvidia-driver",), conflicts=("nvidia-driver",), section="non-free/misc"))
+            repo, fm_name, _render(fabric["package_version"], upstream=upstream),
+            "Fabric Manager for NVSwitch based systems",
+            files=(_bin("/usr/bin/nv-fabricmanager", "nv-fabricmanager", "daemons.py", upstream),
+                   File("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),
+                   File("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG)),
+            postinst=RELOAD))
+    for nccl in cuda["nccl"]["versions"]:
+        pkgs.append(Package(repo, cuda["nccl"]["name"], nccl["version"],
+                            "NVIDIA Collective Communication Library (NCCL) Runtime",
+                            files=(File("/usr/share/doc/libnccl2/README.gpuready-lab",
+                                        "Simulated NCCL: collective results come from the "
+                                        "gpuready lab simulator.\n"),)))
     return pkgs
 
 
-def all_packages() -> list[Package]:
+def _toolkit_packages() -> list[Package]:
+    toolkit = facts()["repositories"]["nvidia-container-toolkit"]
+    repo = toolkit_path()
     pkgs: list[Package] = []
-    for branch, upstream in DRIVERS:
-        pkgs += _driver_packages(branch, upstream)
-    pkgs.append(Package(CUDA, "libnccl2", "2.21.5-1+cuda12.4",
-                        "NVIDIA Collective Communication Library (NCCL) Runtime",
-                        files=(File("/usr/share/doc/libnccl2/README.gpuready-lab",
-                                    "Simulated NCCL: collective results come from the "
-                                    "gpuready lab simulator.\n"),)))
-    for upstream in TOOLKITS:
-        version = f"{upstream}-1"
-        pkgs.append(Package(
-            TOOLKIT, "libnvidia-container1", version, "NVIDIA container runtime library",
-            files=(File("/usr/share/doc/libnvidia-container1/README.gpuready-lab",
-                        "Simulated package: no library is included.\n"),)))
-        pkgs.append(Package(
-            TOOLKIT, "libnvidia-container-tools", version,
-            "NVIDIA container runtime library (command-line tools)",
-            depends=(f"libnvidia-container1 (= {version})",),
-            files=(File("/usr/share/doc/libnvidia-container-tools/README.gpuready-lab",
-                        "Simulated package: nvidia-container-cli is not included.\n"),)))
-        pkgs.append(Package(
-            TOOLKIT, "nvidia-container-toolkit-base", version, "NVIDIA Container Toolkit Base",
-            files=(_bin("/usr/bin/nvidia-ctk", "nvidia-ctk", "nvidia_ctk.py", upstream),
-                   _bin("/usr/bin/nvidia-container-runtime", "nvidia-container-runtime",
-                        "nvidia_ctk.py", upstream))))
-        pkgs.append(Package(
-            TOOLKIT, "nvidia-container-toolkit", version, "NVIDIA Container toolkit",
-            depends=(f"nvidia-container-toolkit-base (= {version})",
-                     f"libnvidia-container-tools (>= {version})"),
-            files=(_bin("/usr/bin/nvidia-container-runtime-hook",
-                        "nvidia-container-runtime-hook", "nvidia_ctk.py", upstream),)))
-    for upstream in KUBE:
-        version = f"{upstream}-1.1"
-        pkgs.append(Package(
-            KUBERNETES, "kubelet", version, "Node agent for Kubernetes clusters",
-            depends=("kubernetes-cni (>= 1.1.1)",),
-            files=(_bin("/usr/bin/kubelet", "kubelet", "daemons.py", upstream),
-                   File("/lib/systemd/system/kubelet.service", KUBELET_UNIT)),
-            postinst=RELOAD))
-        pkgs.append(Package(
-            KUBERNETES, "kubeadm", version, "Command-line utility for administering a "
-            "Kubernetes cluster", depends=("cri-tools (>= 1.28.0)",),
-            files=(_bin("/usr/bin/kubeadm", "kubeadm", "k8s.py", upstream),
-                   File("/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf",
-                        KUBEADM_DROPIN))))
-        pkgs.append(Package(
-            KUBERNETES, "kubectl", version, "Command-line utility for interacting with a "
-            "Kubernetes cluster",
-            files=(_bin("/usr/bin/kubectl", "kubectl", "k8s.py", upstream),)))
-    pkgs.append(Package(KUBERNETES, "cri-tools", "1.30.1-1.1",
-                        "Command-line utility for interacting with a container runtime",
-                        files=(File("/usr/share/doc/cri-tools/README.gpuready-lab",
-                                    "Simulated package: crictl is not included.\n"),)))
-    pkgs.append(Package(KUBERNETES, "kubernetes-cni", "1.4.0-1.1",
-                        "Binaries required to provision kubernetes container networking",
-                        files=(File("/opt/cni/bin/README.gpuready-lab",
-                                    "Simulated package: no CNI plugins are included.\n"),)))
+    for release in toolkit["releases"]:
+        upstream = release["upstream"]
+        version = _render(toolkit["package_version"], upstream=upstream)
+
+        def rel(name: str, *own: str, _v: str = version) -> tuple[str, ...]:
+            return (*_relations(toolkit["relations"], name, _v), *own)
+
+        pkgs += [
+            Package(repo, "libnvidia-container1", version, "NVIDIA container runtime library",
+                    files=(_doc("libnvidia-container1", "no library is included"),)),
+            Package(repo, "libnvidia-container-tools", version,
+                    "NVIDIA container runtime library (command-line tools)",
+                    depends=rel("libnvidia-container-tools", f"libnvidia-container1 (= {version})"),
+                    files=(_doc("libnvidia-container-tools", "no nvidia-container-cli"),)),
+            Package(repo, "nvidia-container-toolkit-base", version, "NVIDIA Container Toolkit Base",
+                    depends=rel("nvidia-container-toolkit-base"),
+                    files=(_bin("/usr/bin/nvidia-ctk", "nvidia-ctk", "nvidia_ctk.py", upstream),
+                           _bin("/usr/bin/nvidia-container-runtime", "nvidia-container-runtime",
+                                "nvidia_ctk.py", upstream))),
+            Package(repo, "nvidia-container-toolkit", version, "NVIDIA Container toolkit",
+                    depends=rel("nvidia-container-toolkit"),
+                    files=(_bin("/usr/bin/nvidia-container-runtime-hook",
+                                "nvidia-container-runtime-hook", "nvidia_ctk.py", upstream),)),
+        ]
+    return pkgs
+
+
+def _kubernetes_packages() -> list[Package]:
+    minor = facts()["repositories"]["kubernetes"]["minors"][KUBERNETES_MINOR]
+    repo = kubernetes_path()
+    companions = {c["name"]: c["version"] for c in minor["companions"]}
+    pkgs: list[Package] = []
+    for release in minor["releases"]:
+        upstream = release["upstream"]
+        version = _render(minor["package_version"], upstream=upstream)
+        pkgs += [
+            Package(repo, "kubelet", version, "Node agent for Kubernetes clusters",
+                    depends=("kubernetes-cni (>= 1.1.1)",),
+                    files=(_bin("/usr/bin/kubelet", "kubelet", "daemons.py", upstream),
+                           File("/lib/systemd/system/kubelet.service", KUBELET_UNIT)),
+                    postinst=RELOAD),
+            Package(repo, "kubeadm", version, "Command-line utility for administering a "
+                    "Kubernetes cluster", depends=("cri-tools (>= 1.28.0)",),
+                    files=(_bin("/usr/bin/kubeadm", "kubeadm", "k8s.py", upstream),
+                           File("/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf",
+                                KUBEADM_DROPIN))),
+            Package(repo, "kubectl", version, "Command-line utility for interacting with a "
+                    "Kubernetes cluster",
+                    files=(_bin("/usr/bin/kubectl", "kubectl", "k8s.py", upstream),)),
+        ]
+    pkgs += [
+        Package(repo, "cri-tools", companions["cri-tools"],
+                "Command-line utility for interacting with a container runtime",
+                files=(_doc("cri-tools", "crictl is not included"),)),
+        Package(repo, "kubernetes-cni", companions["kubernetes-cni"],
+                "Binaries required to provision kubernetes container networking",
+                files=(File("/opt/cni/bin/README.gpuready-lab",
+                            "Simulated package: no CNI plugins are included.\n"),)),
+    ]
+    return pkgs
+
+
+def _site_packages() -> list[Package]:
+    """A site's own repository: its nccl-tests build and MLNX_OFED's ibstat."""
     nccl_tools = ("all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "alltoall_perf")
-    for upstream in NCCL_TESTS:  # -J (JSON output) exists from 2.17 on
-        pkgs.append(Package(
-            EXTRAS, "nccl-tests", f"{upstream}-1", "NCCL performance tests (site build)",
-            depends=("libnccl2",),
-            files=tuple(_bin(f"/usr/bin/{tool}", tool, "all_reduce_perf.py", upstream)
-                        for tool in nccl_tools)))
+    pkgs = [Package(
+        EXTRAS, "nccl-tests", f"{upstream}-1", "NCCL performance tests (site build)",
+        depends=("libnccl2",),
+        files=tuple(_bin(f"/usr/bin/{tool}", tool, "all_reduce_perf.py", upstream)
+                    for tool in nccl_tools)) for upstream in NCCL_TESTS]
     pkgs.append(Package(
         EXTRAS, "infiniband-diags", "2410mlnx54-1.2410068", "InfiniBand diagnostic programs "
         "(MLNX_OFED)",
         files=(_bin("/usr/sbin/ibstat", "ibstat", "ibstat.py", "2410mlnx54"),)))
     return pkgs
+
+
+def all_packages() -> list[Package]:
+    pkgs: list[Package] = []
+    for os_key in LAB_OSES:
+        pkgs += _cuda_packages(os_key)
+    return pkgs + _toolkit_packages() + _kubernetes_packages() + _site_packages()

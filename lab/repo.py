@@ -1,9 +1,13 @@
 """The lab package repository: flat apt repositories, signed with a lab key, served on loopback.
 
-Layout mirrors the production sources the roles use (NVIDIA's CUDA and container-toolkit
-repositories and pkgs.k8s.io are flat repositories too), so the roles run the same apt path:
-``http://127.0.0.1:<port>/<repo>/`` with ``Packages``, ``Release``, ``InRelease`` and the binary
-``keyring.gpg`` for ``signed-by``.
+The layout mirrors the vendors' URL paths (``compute/cuda/repos/debian12/x86_64/``,
+``libnvidia-container/stable/deb/amd64/``, ``core:/stable:/v1.30/deb/``; flat repositories, as
+the real ones are), so the roles run the same apt path with only the host swapped, as for a
+site mirror. Each repository directory holds ``Packages``, ``Release``, ``InRelease``; the lab's
+one signing key is published, ASCII-armored, under each vendor's key file name (``3bf863cc.pub``,
+``8793F200.pub``, ``gpgkey``, ``Release.key``) and as ``keyring.gpg``/``keyring.asc`` at the
+root. It is made once per lab directory: its fingerprint goes into the generated inventory,
+where the roles pin it as a site pins its mirror's key.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from email.utils import formatdate
 from pathlib import Path
 
 from lab.errors import LabError
-from lab.packages import REPOS, Package, all_packages
+from lab.packages import Package, all_packages, repositories
 from lab.paths import LabPaths
 
 DEFAULT_PORT = int(os.environ.get("GPUREADY_LAB_REPO_PORT", "18080"))
@@ -47,6 +51,15 @@ def ensure_key(paths: LabPaths) -> bytes:
     if not _gpg(paths, "--list-secret-keys", "--with-colons").strip():
         _gpg(paths, "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
     return _gpg(paths, "--export", KEY_UID)
+
+
+def key_fingerprint(paths: LabPaths) -> str:
+    """The lab signing key's full fingerprint (what the generated inventory pins)."""
+    listing = _gpg(paths, "--with-colons", "--list-keys", KEY_UID).decode()
+    for line in listing.splitlines():
+        if line.startswith("fpr:"):
+            return line.split(":")[9]
+    raise LabError(f"no fingerprint for the lab key in {paths.gnupg}")
 
 
 def _recipe_hash() -> str:
@@ -113,27 +126,32 @@ def ensure_repo(paths: LabPaths) -> Path:
 def _ensure_repo(paths: LabPaths) -> Path:
     stamp = paths.repo_dir / ".recipe"
     keyring = ensure_key(paths)
-    if stamp.exists() and stamp.read_text() == _recipe_hash():
+    # A new lab key (its gnupg directory removed) must re-sign every repository.
+    recipe = f"{_recipe_hash()} {key_fingerprint(paths)}"
+    if stamp.exists() and stamp.read_text() == recipe:
         return paths.repo_dir
     if paths.repo_dir.exists():
         shutil.rmtree(paths.repo_dir)
     paths.repo_dir.mkdir(parents=True)
+    armored = _gpg(paths, "--armor", "--export", KEY_UID)
     (paths.repo_dir / "keyring.gpg").write_bytes(keyring)
-    for repo in REPOS:
-        repo_dir = paths.repo_dir / repo
+    (paths.repo_dir / "keyring.asc").write_bytes(armored)
+    for repo in repositories():
+        repo_dir = paths.repo_dir / repo.path
         repo_dir.mkdir(parents=True)
         for pkg in all_packages():
-            if pkg.repo == repo:
+            if pkg.repo == repo.path:
                 _build_deb(pkg, repo_dir)
         scan = subprocess.run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"],
                               cwd=repo_dir, capture_output=True, check=False)
         if scan.returncode != 0:
-            raise LabError(f"dpkg-scanpackages {repo}: {scan.stderr.decode().strip()}")
+            raise LabError(f"dpkg-scanpackages {repo.path}: {scan.stderr.decode().strip()}")
         (repo_dir / "Packages").write_bytes(scan.stdout)
         (repo_dir / "Packages.gz").write_bytes(gzip.compress(scan.stdout, mtime=0))
-        (repo_dir / "keyring.gpg").write_bytes(keyring)
-        _release(paths, repo_dir, repo)
-    stamp.write_text(_recipe_hash())
+        # The vendor's key file name, holding the lab's key (the roles pin its fingerprint).
+        (paths.repo_dir / repo.key_path).write_bytes(armored)
+        _release(paths, repo_dir, repo.label)
+    stamp.write_text(recipe)
     return paths.repo_dir
 
 

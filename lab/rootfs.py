@@ -1,7 +1,9 @@
-"""The cached Debian 12 root filesystem every lab host boots from (copy-on-write overlays).
+"""The cached root filesystems lab hosts boot from (copy-on-write overlays), one per OS.
 
-The rootfs is rebuilt only when its recipe changes: the recipe (suite, mirror, packages and the
-files this module writes into it) is hashed into the cache directory's name.
+A lab host runs one of ``OSES`` (``os: debian-12 | debian-13`` in a fleet file). Each OS has its
+own cached debootstrap rootfs, rebuilt only when its recipe changes: the recipe (suite, mirror,
+packages and the files this module writes into it) is hashed into the cache directory's name.
+Only the OSes a fleet uses are built.
 """
 
 from __future__ import annotations
@@ -11,13 +13,35 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from lab.errors import LabError
 
-SUITE = "bookworm"
+
+@dataclass(frozen=True)
+class LabOs:
+    """An OS lab hosts can run: its fleet-file key, Debian suite and what Ansible reports."""
+
+    key: str  # the fleet files' `os:` value
+    suite: str  # debootstrap suite
+    distribution: str  # ansible_facts['distribution']
+    major_version: str  # ansible_facts['distribution_major_version']
+
+    @property
+    def inventory_group(self) -> str:
+        """The generated inventory's group of the hosts running this OS (e.g. os_debian_13)."""
+        return "os_" + self.key.replace("-", "_")
+
+
+OSES = {
+    "debian-12": LabOs("debian-12", "bookworm", "Debian", "12"),
+    "debian-13": LabOs("debian-13", "trixie", "Debian", "13"),
+}
+DEFAULT_OS = "debian-12"
+
 MIRROR = "http://deb.debian.org/debian"
-# What a bare Debian 12 GPU host has before the roles run: systemd, sshd, python3 for Ansible,
+# What a bare Debian GPU host has before the roles run: systemd, sshd, python3 for Ansible,
 # python3-apt for the apt module, kmod/procps/iproute2 as every real host has.
 INCLUDE = (
     "systemd,systemd-sysv,dbus,openssh-server,python3,python3-apt,sudo,ca-certificates,"
@@ -91,9 +115,16 @@ MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer
                 "fstrim.timer", "systemd-timesyncd.service")
 
 
-def recipe() -> dict[str, object]:
+def lab_os(key: str) -> LabOs:
+    try:
+        return OSES[key]
+    except KeyError:
+        raise LabError(f"unknown os '{key}' (lab hosts run: {', '.join(OSES)})") from None
+
+
+def recipe(os_key: str = DEFAULT_OS) -> dict[str, object]:
     return {
-        "suite": SUITE,
+        "suite": lab_os(os_key).suite,
         "mirror": MIRROR,
         "include": INCLUDE,
         "prefetch": PREFETCH,
@@ -107,13 +138,13 @@ def recipe() -> dict[str, object]:
     }
 
 
-def recipe_hash() -> str:
-    blob = json.dumps(recipe(), sort_keys=True).encode()
+def recipe_hash(os_key: str = DEFAULT_OS) -> str:
+    blob = json.dumps(recipe(os_key), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def rootfs_path(cache: Path) -> Path:
-    return cache / f"rootfs-{SUITE}-{recipe_hash()}"
+def rootfs_path(cache: Path, os_key: str = DEFAULT_OS) -> Path:
+    return cache / f"rootfs-{lab_os(os_key).suite}-{recipe_hash(os_key)}"
 
 
 def _run(argv: list[str], what: str) -> None:
@@ -123,9 +154,10 @@ def _run(argv: list[str], what: str) -> None:
         raise LabError(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
 
 
-def ensure_rootfs(cache: Path, log: bool = True) -> Path:
-    """Return the cached rootfs for the current recipe, building it first if needed."""
-    target = rootfs_path(cache)
+def ensure_rootfs(cache: Path, log: bool = True, os_key: str = DEFAULT_OS) -> Path:
+    """Return the cached rootfs of ``os_key`` for the current recipe, building it if needed."""
+    suite = lab_os(os_key).suite
+    target = rootfs_path(cache, os_key)
     if (target / ".gpuready-lab-complete").exists():
         return target
     if shutil.which("debootstrap") is None:
@@ -135,15 +167,15 @@ def ensure_rootfs(cache: Path, log: bool = True) -> Path:
     if building.exists():
         shutil.rmtree(building)
     if log:
-        print(f"lab: building Debian {SUITE} rootfs (about a minute, cached in {target})",
+        print(f"lab: building {os_key} ({suite}) rootfs (a minute or two, cached in {target})",
               file=sys.stderr)
-    _run(["debootstrap", "--variant=minbase", f"--include={INCLUDE}", SUITE, str(building),
-          MIRROR], "debootstrap")
+    _run(["debootstrap", "--variant=minbase", f"--include={INCLUDE}", suite, str(building),
+          MIRROR], f"debootstrap {suite}")
     _customise(building)
-    (building / ".gpuready-lab-complete").write_text(json.dumps(recipe(), indent=1))
+    (building / ".gpuready-lab-complete").write_text(json.dumps(recipe(os_key), indent=1))
     building.rename(target)
-    # Older recipes are dead weight: remove them (they are only ever rebuilt from scratch).
-    for old in cache.glob(f"rootfs-{SUITE}-*"):
+    # Older recipes of this OS are dead weight: remove them (only ever rebuilt from scratch).
+    for old in cache.glob(f"rootfs-{suite}-*"):
         if old != target and not old.name.endswith(".building"):
             shutil.rmtree(old, ignore_errors=True)
     return target

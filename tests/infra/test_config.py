@@ -81,6 +81,23 @@ def test_apt_sources_signed_by_keyring(
     assert f"Signed-By: {keyring}" in content.splitlines()
 
 
+@pytest.mark.parametrize(("keyring_var", "fingerprint_var"), [
+    ("nvidia_driver_repo_keyring", "nvidia_driver_repo_key_fingerprint"),
+    ("nvidia_container_toolkit_repo_keyring", "nvidia_container_toolkit_repo_key_fingerprint"),
+    ("kubelet_repo_keyring", "kubelet_repo_key_fingerprint"),
+])
+def test_keyring_holds_only_the_pinned_key(
+        host: Any, desired: Desired, keyring_var: str, fingerprint_var: str) -> None:
+    """apt trusts each vendor repository through exactly the key whose fingerprint is pinned."""
+    listing = host.check_output(
+        "gpg --batch --homedir /var/lib/gpuready/apt-keys/.gnupg --with-colons --show-keys %s",
+        desired[keyring_var])
+    primaries = re.findall(r"^pub:[^\n]*\nfpr:{9}([0-9A-F]+):", listing, re.MULTILINE)
+    # Empty: the role's default, the vendor's real key for this OS (nvidia_driver's per-OS table).
+    pinned = desired[fingerprint_var] or desired["_nvidia_driver_repo_key_fingerprint"]
+    assert primaries == [str(pinned).replace(" ", "").upper()]
+
+
 def test_containerd_main_config(host: Any, desired: Desired) -> None:
     content = _root_file(host, "/etc/containerd/config.toml").content_string
     conf_dir = desired["containerd_conf_dir"]

@@ -11,19 +11,38 @@ from tests.infra.conftest import Desired, dpkg_state
 HELD = "hold ok installed"
 
 
+def _driver_table(desired: Desired) -> dict[str, Any]:
+    return desired.os_table("nvidia_driver")
+
+
+def _names(names: list[str], branch: str) -> list[str]:
+    return [name.replace("{branch}", branch) for name in names]
+
+
 def _driver_packages(desired: Desired) -> tuple[list[str], list[str]]:
+    """(packages at the pin, the other kernel module flavour) with this OS's package names."""
+    table = _driver_table(desired)
     branch = str(desired["nvidia_driver_branch"])
-    suffix = "-open" if desired["nvidia_driver_open_kernel_modules"] else ""
-    other = "" if suffix else "-open"
-    wanted = [f"nvidia-driver-{branch}{suffix}", f"nvidia-dkms-{branch}{suffix}",
-              f"nvidia-utils-{branch}", f"nvidia-compute-utils-{branch}",
-              *desired["nvidia_driver_extra_packages"]]
-    unwanted = [f"nvidia-driver-{branch}{other}", f"nvidia-dkms-{branch}{other}"]
-    return wanted, unwanted
+    flavour, other = (("open", "proprietary") if desired["nvidia_driver_open_kernel_modules"]
+                      else ("proprietary", "open"))
+    kernel = table["_nvidia_driver_kernel_packages"]
+    wanted = _names(kernel[flavour] + table["_nvidia_driver_userland_packages"], branch)
+    return wanted + desired["nvidia_driver_extra_packages"], _names(kernel[other], branch)
 
 
 def _driver_package_version(desired: Desired) -> str:
-    return f"{desired['nvidia_driver_version']}-{desired['nvidia_driver_package_revision']}"
+    revision = _driver_table(desired)["_nvidia_driver_package_revision"]
+    return f"{desired['nvidia_driver_version']}-{revision}"
+
+
+def _fabricmanager(desired: Desired) -> tuple[str, str]:
+    """(package name, version) of the fabric manager for this OS and driver branch."""
+    table = _driver_table(desired)
+    branch = str(desired["nvidia_driver_branch"])
+    names = table["_nvidia_driver_fabricmanager_names"]
+    name = names["from_580"] if int(branch) >= 580 else names["before_580"]
+    revision = table["_nvidia_driver_fabricmanager_revision"]
+    return name.replace("{branch}", branch), f"{desired['nvidia_driver_version']}-{revision}"
 
 
 def test_driver_pinned_and_held(host: Any, desired: Desired) -> None:
@@ -39,10 +58,10 @@ def test_other_kernel_module_flavour_absent(host: Any, desired: Desired) -> None
 
 
 def test_fabricmanager_as_profile_wants(host: Any, desired: Desired) -> None:
-    package = f"nvidia-fabricmanager-{desired['nvidia_driver_branch']}"
+    package, wanted_version = _fabricmanager(desired)
     status, version = dpkg_state(host, package)
     if desired.profile["hardware"]["nvswitch"]:
-        assert (status, version) == (HELD, _driver_package_version(desired))
+        assert (status, version) == (HELD, wanted_version)
     else:
         assert not status.endswith(" installed"), f"{package} is {status} {version}"
 
@@ -65,6 +84,17 @@ def test_containerd_installed(host: Any, desired: Desired) -> None:
     assert status == (HELD if pin else "install ok installed")
     if pin:
         assert version == pin
+
+
+def test_driver_release_pinned_in_apt_preferences(host: Any, desired: Desired) -> None:
+    """apt resolves every package of the driver's source release to the pinned version."""
+    source = _driver_table(desired)["_nvidia_driver_source_package"].replace(
+        "{branch}", str(desired["nvidia_driver_branch"]))
+    pref = host.file("/etc/apt/preferences.d/gpuready-nvidia-driver.pref")
+    assert pref.is_file
+    stanza = (f"Package: src:{source}\nPin: version {_driver_package_version(desired)}\n"
+              "Pin-Priority: 1001")
+    assert stanza in pref.content_string
 
 
 @pytest.mark.parametrize("binary", ["nvidia-smi", "nvidia-ctk", "kubelet", "kubeadm", "kubectl"])

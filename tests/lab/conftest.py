@@ -46,6 +46,29 @@ def lab_paths() -> LabPaths:
     return LabPaths.default()
 
 
+# A shell script that points a Debian 12 lab host's apt at the lab repository straight away,
+# for tests that need packages without a converge (the roles have their own tests). It does
+# what a person installing NVIDIA's Debian packages by hand must do: pin the driver's source
+# release, or apt picks each dependency's newest version and fails on the exact relations.
+LAB_APT_SOURCES = """set -e
+install -d -m 0755 /etc/apt/keyrings
+python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen(\\
+  "http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
+for r in {repos}; do
+  echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg] http://127.0.0.1:{port}/$r/ /"
+done > /etc/apt/sources.list.d/gpuready-lab.list
+printf 'Package: src:nvidia-graphics-drivers\\nPin: version {driver}-1\\nPin-Priority: 1001\\n' \\
+  > /etc/apt/preferences.d/gpuready-lab-driver.pref
+apt-get update -qq -o APT::Update::Error-Mode=any
+"""
+DEBIAN12_CUDA = "compute/cuda/repos/debian12/x86_64"
+DRIVER = "550.90.07"  # inventory/lab/group_vars/all/bootstrap.yml
+
+
+def lab_apt_sources(port: int, *repos: str) -> str:
+    return LAB_APT_SOURCES.format(port=port, repos=" ".join(repos), driver=DRIVER)
+
+
 def ssh(host_address: str, command: str, timeout: float = 60,
         known_hosts: Path | None = None) -> subprocess.CompletedProcess[str]:
     """OpenSSH to a lab host as root with strict host key checking against the lab's file."""

@@ -16,17 +16,7 @@ from lab.core import LabState
 from lab.fleet import ADDRESS_NET
 from lab.paths import LabPaths
 from lab.supervisor import cgroup_roots, cgroup_tag
-from tests.lab.conftest import lab_cli, running_lab, ssh
-
-LAB_SOURCES = """set -e
-install -d -m 0755 /etc/apt/keyrings
-python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen(\
-  "http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
-for r in cuda/debian12/x86_64 extras; do
-  echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg] http://127.0.0.1:{port}/$r/ /"
-done > /etc/apt/sources.list.d/gpuready-lab.list
-apt-get update -qq -o APT::Update::Error-Mode=any
-"""
+from tests.lab.conftest import DEBIAN12_CUDA, lab_apt_sources, lab_cli, running_lab, ssh
 
 
 @pytest.fixture(scope="module")
@@ -98,13 +88,14 @@ def test_idle_host_uses_under_64_mb(lab_paths: LabPaths, lab8: LabState) -> None
 
 def test_apt_install_of_a_lab_package(lab8: LabState) -> None:
     host = lab8.hosts[0]
-    proc = ssh(host.address, LAB_SOURCES.format(port=lab8.repo_port)
-               + "apt-get install -y -qq nvidia-utils-550=550.90.07-0ubuntu1 >/dev/null\n"
-               + "dpkg-query -W -f='${Version} ${binary:Summary}\\n' nvidia-utils-550\n"
+    proc = ssh(host.address, lab_apt_sources(lab8.repo_port, DEBIAN12_CUDA, "extras")
+               + "apt-get install -y -qq nvidia-smi=550.90.07-1 >/dev/null\n"
+               + "dpkg-query -W -f='${Version} ${binary:Summary}\\n' nvidia-smi\n"
                + "nvidia-smi --query-gpu=name,driver_version --format=csv,noheader", timeout=240)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     version, _, description = proc.stdout.splitlines()[0].partition(" ")
-    assert version == "550.90.07-0ubuntu1"
+    # NVIDIA's debian12 repository: Debian-style name and revision (tests/fixtures/vendor-repos).
+    assert version == "550.90.07-1"
     assert "gpuready lab simulator" in description
     gpus = proc.stdout.splitlines()[1:]
     assert len(gpus) == 8

@@ -8,12 +8,11 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from lab.core import LabState
-from tests.lab.conftest import lab_cli, running_lab, ssh
-from tests.lab.test_lab import LAB_SOURCES
+from tests.lab.conftest import DEBIAN12_CUDA, lab_apt_sources, lab_cli, running_lab, ssh
 
 INSTALL = """
-apt-get install -y -qq nvidia-driver-550=550.90.07-0ubuntu1 \
-  nvidia-fabricmanager-550=550.90.07-0ubuntu1 nccl-tests=2.17.1-1 \
+apt-get install -y -qq nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \
+  nvidia-persistenced=550.90.07-1 nvidia-fabricmanager-550=550.90.07-1 nccl-tests=2.17.1-1 \
   infiniband-diags=2410mlnx54-1.2410068 >/dev/null
 systemctl start nvidia-persistenced nvidia-fabricmanager
 """
@@ -59,7 +58,8 @@ def _avg_busbw(out: str) -> float:
 def h100() -> Iterator[LabState]:
     with running_lab(nodes=1) as state:
         host = state.hosts[0]
-        proc = ssh(host.address, LAB_SOURCES.format(port=state.repo_port) + INSTALL,
+        proc = ssh(host.address, lab_apt_sources(state.repo_port, DEBIAN12_CUDA, "extras")
+                   + INSTALL,
                    timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         yield state
@@ -110,7 +110,7 @@ def test_driver_install_fail(h100: LabState) -> None:
     assert lab_cli("fault", host.name, "driver-install-fail").returncode == 0
     try:
         proc = ssh(host.address, "apt-get install -y -qq --reinstall "
-                   "nvidia-dkms-550=550.90.07-0ubuntu1", timeout=120)
+                   "nvidia-kernel-dkms=550.90.07-1", timeout=120)
         assert proc.returncode != 0
         assert "Bad return status for module build" in proc.stdout + proc.stderr
     finally:

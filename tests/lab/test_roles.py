@@ -1,17 +1,20 @@
-"""The bootstrap roles converge on the lab as on production hosts (issue 3, "Done when").
+"""The bootstrap roles converge on the lab as on production hosts (issues 3, 14, 16).
 
-One 4-host lab serves the whole module, and the tests run in file order on it: node1-3 are one
-host per pool (H100/InfiniBand with NVSwitch, L40S/ethernet, A100 with NVSwitch), node4 is a
-second H100 whose driver install fails (lab fault ``driver-install-fail``, a DKMS build error in
-the driver package's postinst). So the first converge proves both "a fresh lab converges" and
-"one failing host fails alone", and the repair of node4 rides along with the second converge
-instead of needing a second lab.
+One 4-host mixed lab (lab/fleets/mixed.yml) serves the whole module, and the tests run in file
+order on it: node1-3 are one host per pool (H100/InfiniBand with NVSwitch, L40S/ethernet, A100
+with NVSwitch) and node3 runs Debian 13 (NVIDIA's debian13 repository: its own key, the 590
+branch, open kernel modules) beside the Debian 12 ones; node4 is a second H100 whose driver
+install fails (lab fault ``driver-install-fail``, a DKMS build error in the driver package's
+postinst). So the first converge proves both "a fresh lab converges" and "one failing host fails
+alone", and the repair of node4 rides along with the second converge instead of needing a
+second lab. Every converge, check and testinfra run covers both OSes.
 
 Results come from ansible-runner's stats and events, never from stdout text.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import ansible_runner
+import pandas as pd
 import pytest
 import yaml
 
@@ -33,6 +37,9 @@ from tests.lab.conftest import lab_cli, running_lab, ssh
 BOOTSTRAP = REPO_ROOT / "playbooks" / "bootstrap.yml"
 HEALTHY = ("node1", "node2", "node3")
 BROKEN = "node4"
+DEBIAN13 = "node3"
+DEBIAN12_HOSTS = ("node1", "node2", BROKEN)
+INSTALL_TASK = "Install the packages at their pinned versions"  # vendor_apt_repo
 # The files the hand-edit test changes, and the tasks that own them.
 DROPIN = "/etc/containerd/conf.d/99-nvidia.toml"
 SYSCTL = "/etc/sysctl.d/90-gpuready.conf"
@@ -66,6 +73,13 @@ class PlaybookRun:
         return {e["event_data"]["task"] for e in self.host_events(host, "runner_on_ok")
                 if e["event_data"].get("res", {}).get("changed")}
 
+    def changed_installs(self, host: str) -> list[list[str]]:
+        """The package lists of every package install that changed the host."""
+        return [e["event_data"]["res"].get("invocation", {}).get("module_args", {}).get("name")
+                for e in self.host_events(host, "runner_on_ok")
+                if e["event_data"]["task"] == INSTALL_TASK
+                and e["event_data"].get("res", {}).get("changed")]
+
     def failures(self, host: str) -> list[tuple[str, str, str]]:
         """(role, task, message) of every task that failed on the host (not ignored)."""
         found = []
@@ -97,7 +111,8 @@ class Lab:
         return self.state.host(name).address
 
     def playbook(self, *, limit: str | None = None, cmdline: str = "",
-                 inventory: Path | None = None, label: str = "") -> PlaybookRun:
+                 inventory: Path | None = None, label: str = "",
+                 playbook: Path = BOOTSTRAP) -> PlaybookRun:
         self.runs += 1
         private = self.artifacts / f"run{self.runs}"
         private.mkdir(parents=True)
@@ -105,7 +120,7 @@ class Lab:
         runner = ansible_runner.run(
             private_data_dir=str(private),
             project_dir=str(REPO_ROOT),  # cwd: the project's ansible.cfg applies
-            playbook=str(BOOTSTRAP),
+            playbook=str(playbook),
             inventory=str(inventory or self.inventory),
             limit=limit,
             cmdline=cmdline or None,
@@ -129,8 +144,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory,
         request: pytest.FixtureRequest) -> Iterator[Lab]:
     started = time.monotonic()
     paths = LabPaths.default()
-    with running_lab(nodes=4, faults=[f"{BROKEN}=driver-install-fail"]) as state:
+    with running_lab(fleet="mixed", faults=[f"{BROKEN}=driver-install-fail"]) as state:
         assert [h.name for h in state.hosts] == [*HEALTHY, BROKEN]
+        assert [h.name for h in state.hosts if h.os == "debian-13"] == [DEBIAN13]
         the_lab = Lab(state, paths, tmp_path_factory.mktemp("runner"))
         yield the_lab
     summary = (f"test_roles: {time.monotonic() - started:.0f} s in all "
@@ -168,13 +184,15 @@ def test_failed_driver_install_fails_only_that_host(first_converge: PlaybookRun)
     role, task, message = failures[-1]
     assert (role, task) == ("nvidia_driver", RESCUE_TASK)
     assert "NVIDIA driver install failed" in message
-    assert "nvidia-driver-550" in message
+    # Debian 12's package names and revision (NVIDIA's debian12 repository).
+    assert "nvidia-kernel-dkms nvidia-driver-cuda" in message
+    assert "550.90.07-1" in message
     # The DKMS error itself, as dpkg printed it, is in the message.
     assert "Bad return status for module build" in message
     # Nothing after the driver ran on the failed host.
     later_roles = {e["event_data"].get("role") for e in first_converge.host_events(
         BROKEN, "runner_on_ok") if e["event_data"].get("role")}
-    assert later_roles <= {"preflight", "gpu_kernel_prereqs", "nvidia_driver"}
+    assert later_roles <= {"preflight", "gpu_kernel_prereqs", "nvidia_driver", "vendor_apt_repo"}
     # The play went on for the others to the last role.
     for host in HEALTHY:
         roles = {e["event_data"].get("role") for e in first_converge.host_events(
@@ -201,7 +219,9 @@ def test_failed_host_is_repaired_by_the_next_converge(second_converge: PlaybookR
     assert second_converge.failures(BROKEN) == []
     assert second_converge.rc == 0
     assert second_converge.count("changed", BROKEN) > 0
-    assert "Install the pinned NVIDIA driver packages" in second_converge.changed_tasks(BROKEN)
+    # The driver's install is what changed (after the hold was moved by the failed first run).
+    installs = second_converge.changed_installs(BROKEN)
+    assert any("nvidia-kernel-dkms=550.90.07-1" in names for names in installs), installs
 
 
 def test_check_diff_on_converged_lab_reports_no_change(
@@ -310,6 +330,133 @@ def test_bad_input_fails_before_any_change_naming_the_variable(
         assert roles <= {"preflight", None, ""}, (host, roles)
     assert "h100-sxm5-80gb-9x" in run.failures("node3")[0][2]
     assert "missing required arguments: gpu_profile" in run.failures(BROKEN)[0][2]
+
+
+def test_each_host_gets_its_own_os_repository_and_names(
+        lab: Lab, second_converge: PlaybookRun) -> None:
+    """Debian 13 reads debian13 (590, open modules, unversioned fabric manager), Debian 12 reads
+    debian12 (550, branch in the fabric manager's name); Ubuntu's names reach neither."""
+    del second_converge  # ordering only
+    wanted = {
+        DEBIAN13: ("13", "debian13", "nvidia-kernel-open-dkms", "nvidia-fabricmanager",
+                   "590.48.01-1"),
+        "node1": ("12", "debian12", "nvidia-kernel-dkms", "nvidia-fabricmanager-550",
+                  "550.90.07-1"),
+    }
+    for host, (major, distro, kernel, fabric, version) in wanted.items():
+        proc = ssh(lab.address(host), (
+            ". /etc/os-release; echo $VERSION_ID; "
+            "sed -n 's/^URIs: //p' /etc/apt/sources.list.d/gpuready-nvidia-cuda.sources; "
+            f"dpkg-query -W -f='${{Version}} ${{db:Status-Abbrev}}\\n' {kernel} {fabric}; "
+            "apt-cache show nvidia-utils-550 nvidia-driver-550 >/dev/null 2>&1; echo $?"))
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0] == major, (host, lines)
+        assert lines[1].endswith(f"/compute/cuda/repos/{distro}/x86_64/"), (host, lines)
+        assert [line.split()[0] for line in lines[2:4]] == [version, version], (host, lines)
+        assert lines[4] != "0", f"{host} sees Ubuntu-named NVIDIA packages"
+
+
+WRONG_KEY_PLAY = """---
+- name: A vendor repository whose key is not the one pinned
+  hosts: node2
+  gather_facts: false
+  tasks:
+    - name: Add the repository through vendor_apt_repo
+      ansible.builtin.include_role:
+        name: vendor_apt_repo
+      vars:
+        vendor_apt_repo_name: wrong-key-check
+        vendor_apt_repo_uris: "{{ gpuready_lab_repo_base }}/compute/cuda/repos/debian12/x86_64/"
+        # The lab mirror publishes its own key under NVIDIA's file name, so NVIDIA's real
+        # fingerprint (the role default on a site) does not match it.
+        vendor_apt_repo_key_url: "{{ vendor_apt_repo_uris }}3bf863cc.pub"
+        vendor_apt_repo_key_fingerprint: EB69 3B30 35CD 5710 E231  E123 A4B4 6996 3BF8 63CC
+        vendor_apt_repo_packages: [nvidia-smi=550.90.07-1]
+"""
+
+
+def test_a_key_that_does_not_match_fails_before_apt_trusts_it(
+        lab: Lab, second_converge: PlaybookRun, tmp_path: Path) -> None:
+    del second_converge  # node2 is converged: only this repository is new to it
+    play = tmp_path / "wrong-key.yml"
+    play.write_text(WRONG_KEY_PLAY)
+    run = lab.playbook(playbook=play, limit="node2", label="wrong repository key")
+    assert run.rc != 0
+    role, task, message = run.failures("node2")[-1]
+    assert (role, task) == ("vendor_apt_repo", "Fail before apt trusts the key")
+    assert "EB693B3035CD5710E231E123A4B469963BF863CC" in message
+    assert lab.state.repo_port and f":{lab.state.repo_port}/compute/cuda" in message
+    fingerprint = yaml.safe_load((lab.inventory / "hosts.yml").read_text())[
+        "all"]["vars"]["gpuready_lab_repo_key_fingerprint"]
+    assert fingerprint in message  # what the downloaded key really was
+    # Nothing apt reads was written: no keyring, no source, no pin; the rejected key is gone.
+    proc = ssh(lab.address("node2"), (
+        "ls /etc/apt/keyrings/gpuready-wrong-key-check.* "
+        "/etc/apt/sources.list.d/gpuready-wrong-key-check.sources "
+        "/etc/apt/preferences.d/gpuready-wrong-key-check.pref "
+        "/var/lib/gpuready/apt-keys/wrong-key-check-* 2>/dev/null | wc -l"))
+    assert proc.stdout.strip() == "0", proc.stdout
+    assert run.changed_tasks("node2") <= {"Download the repository key for verification",
+                                         "Remove the rejected key from the staging directory"}
+
+
+def test_validators_pass_on_the_healthy_debian_13_host(
+        lab: Lab, second_converge: PlaybookRun, tmp_path: Path) -> None:
+    del second_converge  # ordering only
+    from validate import cli  # noqa: PLC0415  (lab tests connect lab and validate)
+
+    started = time.monotonic()
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.main(["run", "-i", str(lab.inventory), "--limit", DEBIAN13, "--timeout", "30",
+                   "--out", str(tmp_path)], stdout=out, stderr=err)
+    lab.log.append(f"validate {DEBIAN13}: {time.monotonic() - started:.0f} s")
+    assert rc == 0, out.getvalue()[-3000:] + err.getvalue()[-2000:]
+    run_dir = next(Path(line.removeprefix("report: ")) for line in out.getvalue().splitlines()
+                   if line.startswith("report: "))
+    results = pd.read_parquet(run_dir / "results.parquet")
+    assert set(results["node"]) == {DEBIAN13}
+    assert set(results["status"]) <= {"pass", "skip"}
+    # The driver the validators saw is the Debian 13 pin, not the Debian 12 one.
+    driver = results[results["check"] == "gpu.driver"]
+    assert not driver.empty and driver["status"].eq("pass").all()
+    assert driver["detail"].str.contains("590.48.01").any(), driver.to_string()
+
+
+UBUNTU_2004 = """PRETTY_NAME="Ubuntu 20.04.6 LTS"
+NAME="Ubuntu"
+VERSION_ID="20.04"
+VERSION="20.04.6 LTS (Focal Fossa)"
+VERSION_CODENAME=focal
+ID=ubuntu
+ID_LIKE=debian
+"""
+
+
+def test_a_host_claiming_an_unsupported_os_fails_in_preflight(lab: Lab) -> None:
+    """An os-release naming another release (here Ubuntu 20.04 on node2): the host fails in
+    preflight with the OS named, and nothing at all changes on it."""
+    host = "node2"
+    fake = UBUNTU_2004.replace("\n", "\\n")
+    proc = ssh(lab.address(host), f"cp -P /etc/os-release /root/os-release.orig && "
+               f"rm /etc/os-release && printf '{fake}' > /etc/os-release")
+    assert proc.returncode == 0, proc.stderr
+    try:
+        run = lab.playbook(limit=host, label="unsupported OS")
+    finally:
+        restore = ssh(lab.address(host), "rm /etc/os-release && "
+                      "mv /root/os-release.orig /etc/os-release")
+        assert restore.returncode == 0, restore.stderr
+    assert run.rc != 0
+    failures = run.failures(host)
+    assert len(failures) == 1, failures
+    role, task, message = failures[0]
+    assert (role, task) == ("preflight", "Assert the operating system is supported")
+    assert "Ubuntu-20.04" in message and "Debian-13" in message
+    assert run.count("changed", host) == 0
+    roles = {e["event_data"].get("role") for e in run.host_events(
+        host, "runner_on_ok", "runner_on_skipped")}
+    assert roles <= {"preflight", None, ""}, roles
 
 
 def test_lab_is_still_the_one_this_module_started(lab: Lab) -> None:

@@ -21,7 +21,7 @@ from lab import core
 from lab.core import LabState
 from lab.fleet import LabHost
 from lab.paths import REPO_ROOT, LabPaths
-from tests.lab.conftest import lab_cli, running_lab, ssh
+from tests.lab.conftest import DEBIAN12_CUDA, lab_apt_sources, lab_cli, running_lab, ssh
 from validate import cli
 from validate.model import ExitCode
 
@@ -52,20 +52,15 @@ TREE = ("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run 
         "-o -path /tmp \\) -prune -o -printf '%p %s %m %T@\\n' | sort")
 
 
-# What bootstrap leaves on a node, installed straight from the lab repository: the roles have
+# What bootstrap leaves on a node (the packages of NVIDIA's debian12 repository), installed
+# straight from the lab repository: the roles have
 # their own converge tests (test_roles.py), and converging 16 hosts on a 2-core CI machine would
 # take most of CI's time to prove nothing new about the validators.
-PROVISION = """set -e
-install -d -m 0755 /etc/apt/keyrings
-python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen(\\
-  "http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
-for r in cuda/debian12/x86_64 extras kubernetes/v1.30/deb; do
-  echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg] http://127.0.0.1:{port}/$r/ /"
-done > /etc/apt/sources.list.d/gpuready-lab.list
-apt-get update -qq -o APT::Update::Error-Mode=any
+PROVISION = """
 export DEBIAN_FRONTEND=noninteractive
-apt-get install -y -qq nvidia-driver-550=550.90.07-0ubuntu1 nccl-tests=2.17.1-1 \\
-  kubelet=1.30.5-1.1 containerd fio {extra} >/dev/null
+apt-get install -y -qq nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \\
+  nvidia-persistenced=550.90.07-1 nccl-tests=2.17.1-1 kubelet=1.30.5-1.1 containerd fio \\
+  {extra} >/dev/null
 systemctl enable --now nvidia-persistenced containerd {units} >/dev/null 2>&1
 systemctl enable kubelet >/dev/null 2>&1
 """
@@ -76,10 +71,11 @@ def _provision(state: LabState) -> None:
 
     def one(host: LabHost) -> tuple[str, int, str]:
         nvswitch = host.hw_profile in ("h100-sxm5-8x", "a100-sxm4-8x")
-        extra = ("nvidia-fabricmanager-550=550.90.07-0ubuntu1 "
+        extra = ("nvidia-fabricmanager-550=550.90.07-1 "
                  "infiniband-diags=2410mlnx54-1.2410068") if nvswitch else ""
-        script = PROVISION.format(port=state.repo_port, extra=extra,
-                                  units="nvidia-fabricmanager" if nvswitch else "")
+        script = lab_apt_sources(state.repo_port, DEBIAN12_CUDA, "extras",
+                                 "core:/stable:/v1.30/deb") + PROVISION.format(
+            extra=extra, units="nvidia-fabricmanager" if nvswitch else "")
         proc = ssh(host.address, script, timeout=600)
         return host.name, proc.returncode, proc.stderr[-2000:]
 

@@ -44,7 +44,7 @@ def _pid_alive(pid: int) -> bool:
     # A zombie is dead for our purpose (the server thread may not have reaped it yet).
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # it exited between the two looks
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
