@@ -8,6 +8,8 @@ in-process with their own streams.
     python -m validate parse <format> <file>     parsed records as JSON on stdout
     python -m validate report <run-dir>          rebuild the report files from results
     python -m validate checks                    list check ids
+    python -m validate gate -i <inventory> [--run DIR] [--dry-run]   label and admit nodes
+                                                 (validate/gate.py)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from validate import checks as check_registry
-from validate import runner
+from validate import gate, runner
 from validate.inventory import InventoryError, load
 from validate.model import ExitCode
 from validate.parsers import (
@@ -111,7 +113,16 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     rp = sub.add_parser("report", help="render a run directory's report again")
     rp.add_argument("run_dir", type=Path)
     ck = sub.add_parser("checks", help="list the check ids")
-    for parser in (p, r, ps, rp, ck):
+    gt = sub.add_parser("gate", help="label and admit (or keep out) nodes from a validation run")
+    gt.add_argument("-i", "--inventory", required=True, type=Path)
+    gt.add_argument("--run", type=Path, default=DEFAULT_OUT / "latest",
+                    help="the run directory (default: reports/latest)")
+    gt.add_argument("-l", "--limit", help="Ansible host pattern")
+    gt.add_argument("--dry-run", action="store_true", help="print the changes, make none")
+    gt.add_argument("--kubeconfig", type=Path,
+                    help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
+    gt.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
+    for parser in (p, r, ps, rp, ck, gt):
         parser.streams = (stdout, stderr)
     return p
 
@@ -206,6 +217,10 @@ def main(
             return int(_cmd_parse(args, out))
         if args.cmd == "report":
             return int(_cmd_report(args, out))
+        if args.cmd == "gate":
+            return int(gate.cmd_gate(args.inventory, args.run, limit=args.limit,
+                                     dry_run=args.dry_run, kubeconfig=args.kubeconfig,
+                                     prefix=args.prefix, stdout=out, stderr=err))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
         return ExitCode.OK
