@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
+import urllib3
 
 from validate.inventory import InventoryError, Node, load
 from validate.labels import (
@@ -138,8 +139,8 @@ class KubeNodeApi:
                                      f"({status}): {message}") from None
             raise GateError(f"the API server at {self.server} answered {status}: "
                             f"{message}") from None
-        except (OSError, ValueError) as exc:
-            # urllib3's errors are OSErrors (MaxRetryError wraps the refused connection).
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            # MaxRetryError (retries are off) carries the refused or timed-out connection.
             raise ApiUnavailable(f"cannot reach the Kubernetes API at {self.server}: "
                                  f"{_short(exc)}") from None
 
@@ -164,9 +165,9 @@ def _status_message(body: Any) -> str:
 
 
 def _short(exc: BaseException) -> str:
-    reason = getattr(exc, "reason", None)
-    text = str(reason or exc)
-    return text.split(": ", 1)[-1] if "Connection refused" in text else text
+    text = str(getattr(exc, "reason", None) or exc)
+    marker = "Failed to establish a new connection: "
+    return text.split(marker, 1)[1].rstrip(")\"'") if marker in text else text
 
 
 # -- inputs -----------------------------------------------------------------------------------

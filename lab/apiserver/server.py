@@ -271,6 +271,28 @@ def ordered(obj: Any, where: str = "") -> Any:
     return {k: ordered(obj[k], k) for k in keys}
 
 
+# Fields of map type in the kinds served: Go's omitempty drops them when empty, as it drops every
+# empty slice; an empty struct (spec: {}) stays.
+_MAP_FIELDS = {"labels", "annotations", "capacity", "allocatable", "data", "binaryData",
+               "stringData", "extra"}
+
+
+def omit_empty(obj: Any, key: str = "") -> Any:
+    """An object as the real server would store and print it: empty lists and maps gone."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            value = omit_empty(v, k)
+            if (isinstance(value, list) and not value) or (
+                    isinstance(value, dict) and not value and k in _MAP_FIELDS):
+                continue
+            out[k] = value
+        return out
+    if isinstance(obj, list):
+        return [omit_empty(v) for v in obj]
+    return obj
+
+
 def human_duration(seconds: float) -> str:
     """apimachinery's duration.HumanDuration, as kubectl prints AGE."""
     s = int(seconds)
@@ -604,7 +626,10 @@ class ApiServer:
                 return self._get(rt, namespace, name, req)
             return self._list(rt, namespace, req)
         if req.method == "POST" and not name:
-            return self._create(rt, namespace, req, user)
+            created = self._create(rt, namespace, req, user)
+            if isinstance(created.body, dict):  # the audit names what was created
+                ref["name"] = created.body["metadata"]["name"]
+            return created
         if req.method == "PUT" and name:
             return self._update(rt, namespace, name, sub, req, user)
         if req.method == "PATCH" and name:
@@ -792,6 +817,7 @@ class ApiServer:
             obj = _fold_string_data(obj)
         if rt is CSRS:
             obj = self._admit_csr(obj, user)
+        obj = omit_empty(obj)
         self._validate(rt, obj)
         if rt is NODES:
             self.node_restriction(user, "create", "", name, None, obj)
@@ -866,7 +892,7 @@ class ApiServer:
         """Validate, admit and store ``new`` over ``current`` (lock held)."""
         if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:
             raise errors.conflict(rt.res, key[2])
-        new = self._write_checks(rt, current, new, sub)
+        new = omit_empty(self._write_checks(rt, current, new, sub))
         new["metadata"] = {**new["metadata"],
                            "resourceVersion": current["metadata"]["resourceVersion"]}
         self._validate(rt, new)
