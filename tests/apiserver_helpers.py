@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,11 +77,18 @@ class StandIn:
 
 @contextlib.contextmanager
 def running_standin(tmp: Path, host: int, faults_dir: Path | None = None,
-                    node_grace_s: float = 40.0) -> Iterator[StandIn]:
+                    node_grace_s: float = 40.0,
+                    seed_state: Path | None = None) -> Iterator[StandIn]:
+    """A stand-in on 127.0.22.<host>: a new cluster, or a copy of ``seed_state`` (made by
+    ``server.init_state`` for the same address, objects already stored)."""
     address = standin_address(host)
     state = tmp / "apiserver"
-    state.mkdir(parents=True)
-    token = server.init_state(state, address, PORT)
+    if seed_state is not None:
+        shutil.copytree(seed_state, state)
+        token = (state / "tokens.csv").read_text().split(",")[0]
+    else:
+        state.mkdir(parents=True)
+        token = server.init_state(state, address, PORT)
     config = tmp / "admin.conf"
     config.write_text(kubeconfig(f"https://{address}:{PORT}",
                                  (state / "pki" / "ca.crt").read_bytes(), token))
