@@ -223,7 +223,8 @@ def identity_of(node: Node) -> NodeIdentity:
                            override_source=f"inventory gpu_thresholds ({node.name})")
     hw = profile.hardware
     return NodeIdentity(name=str(node.vars.get("node_join_node_name") or node.name),
-                        pool=node.pool, profile=profile.name, gpu_pool=dict(node.gpu_pool),
+                        host=node.name, pool=node.pool, profile=profile.name,
+                        gpu_pool=dict(node.gpu_pool),
                         gpu_count=hw.gpu_count, gpu_model=hw.gpu_model,
                         gpu_memory_mib=hw.gpu_memory_mib, nvswitch=hw.nvswitch,
                         nvlinks_per_gpu=hw.nvlinks_per_gpu)
@@ -286,13 +287,15 @@ class GateReport:
 
 def reconcile(api: NodeApi, identities: Sequence[NodeIdentity],
               results: Mapping[str, NodeResults], prefix: str, dry_run: bool = False,
-              run_id: str = "") -> GateReport:
-    """One list, then a patch for each Node that differs (none in a dry run)."""
+              run_id: str = "", broken: Sequence[NodeOutcome] = ()) -> GateReport:
+    """One list, then a patch for each Node that differs (none in a dry run). ``broken``:
+    nodes whose identity could not be read (reported as errors, left alone)."""
     nodes = {str(n["metadata"]["name"]): n for n in api.list_nodes()}
-    outcomes: list[NodeOutcome] = []
-    skipped = []
+    outcomes: list[NodeOutcome] = [o for o in broken if o.node in results]
+    skipped = [o.node for o in broken if o.node not in results]
     for identity in identities:
-        if identity.name not in results:
+        result = results.get(identity.inventory_name)
+        if result is None:
             skipped.append(identity.name)
             continue
         outcome = NodeOutcome(identity.name, identity.pool, FAILED)
@@ -300,16 +303,16 @@ def reconcile(api: NodeApi, identities: Sequence[NodeIdentity],
         node = nodes.get(identity.name)
         if node is None:
             outcome.verdict = NOT_REGISTERED
-            outcome.codes = sorted({*results[identity.name].codes, CODE_NOT_REGISTERED})
+            outcome.codes = sorted({*result.codes, CODE_NOT_REGISTERED})
             outcome.reasons = ["no Node of this name in the cluster (has it joined?)"]
             continue
         try:
-            _gate_node(api, node, identity, results[identity.name], prefix, dry_run, outcome)
+            _gate_node(api, node, identity, result, prefix, dry_run, outcome)
         except IdentityError as exc:
             outcome.verdict, outcome.error = ERROR, str(exc)
         except NotFound:
             outcome.verdict = NOT_REGISTERED
-            outcome.codes = sorted({*results[identity.name].codes, CODE_NOT_REGISTERED})
+            outcome.codes = sorted({*result.codes, CODE_NOT_REGISTERED})
             outcome.reasons = ["the Node was deleted while the gate ran"]
         except GateError as exc:
             outcome.verdict, outcome.error = ERROR, str(exc)
@@ -386,14 +389,19 @@ def cmd_gate(inventory: Path, run_dir: Path, *, limit: str | None, dry_run: bool
         prefix = check_prefix(prefix or _one_setting(nodes, "gpuready_label_prefix") or "")
         config_var = _one_setting(nodes, "gpuready_kubeconfig")
         config = kubeconfig or (Path(config_var).expanduser() if config_var else None)
-        identities = [identity_of(n) for n in nodes]
+        identities, broken = [], []
+        for node in nodes:  # one node's bad profile must not keep the others out
+            try:
+                identities.append(identity_of(node))
+            except ProfileError as exc:
+                broken.append(NodeOutcome(node.name, node.pool, ERROR, error=str(exc)))
         api = api_factory(config)
         run_id = next(iter(results.values())).run_id if results else run.name
         environment = _one_setting(nodes, "gpuready_environment")
         stderr.write(f"gate: run {run_id} ({len(results)} nodes validated), API {api.server}"
                      + (f" [{environment}]" if environment else "")
                      + (" - dry run, nothing will change" if dry_run else "") + "\n")
-        report = reconcile(api, identities, results, prefix, dry_run, run_id)
+        report = reconcile(api, identities, results, prefix, dry_run, run_id, broken)
     except (GateError, InventoryError, ProfileError, ValueError, OSError) as exc:
         stderr.write(f"gate: error: {exc}\n")
         stderr.write("gate: nothing was changed\n")

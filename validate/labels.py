@@ -83,6 +83,12 @@ class NodeIdentity:
     gpu_memory_mib: int
     nvswitch: bool
     nvlinks_per_gpu: int
+    host: str = ""  # the inventory host, when its Node has another name (node_join_node_name)
+
+    @property
+    def inventory_name(self) -> str:
+        """The name the validators' results use."""
+        return self.host or self.name
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,12 +128,14 @@ def test_dry_run_changes_nothing(cluster: StandIn) -> None:
 
 
 # -- the command ------------------------------------------------------------------------------
-def inventory(tmp: Path, kubeconfig: Path, hosts: list[str]) -> Path:
+def inventory(tmp: Path, kubeconfig: Path, hosts: list[str],
+              host_vars: dict[str, dict[str, Any]] | None = None) -> Path:
     root = tmp / "inventory"
     (root / "group_vars" / "all").mkdir(parents=True)
     (root / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {
-        "children": {"pool_h100_sxm": {"hosts": {h: {"ansible_host": "192.0.2.1"}
-                                                 for h in hosts}}}}}}}))
+        "children": {"pool_h100_sxm": {"hosts": {
+            h: {"ansible_host": "192.0.2.1", **(host_vars or {}).get(h, {})}
+            for h in hosts}}}}}}}))
     (root / "group_vars" / "all" / "vars.yml").write_text(yaml.safe_dump({
         "gpu_profile": "h100-sxm5-80gb-8x", "gpuready_label_prefix": P,
         "gpuready_kubeconfig": str(kubeconfig),
@@ -220,3 +222,17 @@ def test_bad_input_is_a_clear_error(cluster: StandIn, tmp_path: Path) -> None:
     assert "holds no validation results" in err
     code, _, err = gate("-i", str(inv), "--run", str(run_dir(tmp_path, {})), "--prefix", "A_B")
     assert code == ExitCode.USAGE_OR_TOOL_ERROR and "not a DNS subdomain" in err
+
+
+def test_a_renamed_node_is_found_and_a_broken_one_does_not_stop_the_others(
+        cluster: StandIn, tmp_path: Path) -> None:
+    register(cluster, "k8s-name-c1")
+    inv = inventory(tmp_path, cluster.kubeconfig, ["c1", "c2"], {
+        "c1": {"node_join_node_name": "k8s-name-c1"},
+        "c2": {"gpu_profile": "no-such-profile"}})
+    code, out, err = gate("-i", str(inv), "--run", str(run_dir(tmp_path, {})))
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR, err  # c2 could not be judged
+    assert "k8s-name-c1: passed; patched in 1 attempt(s)" in out
+    assert "c2: error" in out and "no-such-profile" in out
+    node = core_api(cluster).read_node("k8s-name-c1")
+    assert node.metadata.labels[f"{P}/validation"] == "passed"
