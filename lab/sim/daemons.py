@@ -396,10 +396,10 @@ def kubelet(args: list[str]) -> int:
     if any(a == "--version" or a.startswith("--version=") for a in args):
         print(f"Kubernetes v{version}")
         return 0
-    import kubeclient  # noqa: PLC0415 (the kubelet alone talks to the API)
-
     set_process_name("kubelet")
     _install_signals()
+    import kubeclient  # noqa: PLC0415 (the kubelet alone talks to the API)
+
     pid = os.getpid()
     interval = float(os.environ.get("GPUREADY_SIM_KUBELET_INTERVAL", "10"))
 
