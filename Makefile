@@ -36,6 +36,9 @@ $(STAMP_DEBS): Makefile
 	@if [ "$$(id -u)" != 0 ]; then echo "setup: the lab's Debian packages need root: sudo apt-get install $(LAB_DEBS) $(BROWSER_DEBS)"; exit 2; fi
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(LAB_DEBS) $(BROWSER_DEBS) >/dev/null
+	@# A real kubectl for the tests against the lab's API server: the one on PATH if any (it may
+	@# be another vendor's package that Debian's would conflict with), else Debian's.
+	command -v kubectl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
 	mkdir -p .lab && touch $@
 
 lint: $(STAMP_PY) ## ruff, mypy --strict (validate/), yamllint --strict, ansible-lint (production), reuse lint
@@ -55,7 +58,7 @@ lab-test: setup ## lab tests: boot hosts, converge, validate, inject faults (roo
 test: setup lint ## everything CI runs: lint, unit and lab tests
 	$(PY) -m pytest tests/unit tests/lab -q $(PYTEST_ARGS)
 
-lab-up: setup ## boot the lab (NODES=8, or FLEET=faults)
+lab-up: setup ## boot the lab (NODES=8, or FLEET=faults|demo|cluster)
 	$(PY) -m lab up $(if $(FLEET),--fleet $(FLEET),--nodes $(NODES))
 
 lab-down: setup ## stop the lab; leaves nothing running or mounted

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TextIO
 
-from lab import core, hardware, hosts, repo
+from lab import controlplane, core, hardware, hosts, repo
 from lab.errors import LabError
 from lab.paths import LabPaths
 
@@ -87,11 +87,14 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout,
 
 def _print_status(paths: LabPaths, state: core.LabState, out: TextIO) -> None:
     print(f"repository: {repo.repo_url(state.repo_port)} (SIMULATED vendor packages)", file=out)
+    for line in controlplane.status_lines(paths, state.hosts):
+        print(line, file=out)
     rows = [("HOST", "ADDRESS", "OS", "POOL", "HARDWARE (simulated)", "STATE", "FAULTS")]
     for h in state.hosts:
         alive = hosts.leader_pid(paths, h.name) is not None
         faults = hosts.read_faults(paths, h.name) if alive else h.faults
-        rows.append((h.name, f"{h.address}:{h.port}", h.os, h.pool, h.hw_profile,
+        rows.append((h.name, f"{h.address}:{h.port}", h.os, h.pool,
+                     h.hw_profile or "control plane (no GPUs)",
                      "running" if alive else "stopped", ",".join(faults) or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from lab import controlplane, inventory, repo, rootfs
 from lab import fleet as fleet_mod
 from lab import hosts as hosts_mod
-from lab import inventory, repo, rootfs
 from lab.errors import LabError
 from lab.fleet import LabHost
 from lab.paths import LabPaths
@@ -145,8 +145,11 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
         try:
             state = replace(state, repo_pid=repo.start_server(paths, repo_port))
             save_state(paths, state)
+            controlplane.init(paths, hosts)
             known = [hosts_mod.prepare(paths, h, cached[h.os], pubkey) for h in hosts]
             paths.known_hosts.write_text("".join(known))
+            controlplane.provision(paths, hosts)
+            controlplane.start(paths, hosts)
             for h in hosts:
                 hosts_mod.start(paths, h)
             deadline = time.monotonic() + BOOT_TIMEOUT_S
@@ -243,6 +246,7 @@ def _teardown(paths: LabPaths, state: LabState) -> int:
         hosts_mod.wait_stopped(paths, h.name, deadline)
         hosts_mod.unmount(paths, h.name)
     repo.stop_server(state.repo_pid)
+    controlplane.stop(paths)
     inventory.remove(paths)
     _cleanup_leftovers(paths)
     return stopped

@@ -1,19 +1,24 @@
-"""`make demo`: the whole pipeline on the lab, ending with a pointer to the report.
+"""`make demo`: the whole pipeline on the lab, ending with the cluster and the report.
 
-Boots the demo fleet (one healthy host per pool and three with injected faults), converges
-`playbooks/site.yml` on it (bootstrap roles, then the validators) and prints where the report
-is. The lab stays up so you can look around; `make lab-down` stops it.
+Boots the demo fleet (one healthy host per pool, three with injected faults, and the control
+plane cp1 with the SIMULATED API server), runs `playbooks/site.yml` on it (bootstrap, join the
+cluster tainted, validate, gate), shows the Nodes as `kubectl get nodes --show-labels` lists
+them and prints where the report is. The lab stays up so you can look around; `make lab-down`
+stops it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from lab import core
+import yaml
+
+from lab import controlplane, core
 from lab.errors import LabError
 from lab.paths import REPO_ROOT, LabPaths
 
@@ -33,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as exc:
         print(f"demo: error: {exc}", file=sys.stderr)
         return 2
-    print(f"demo: {len(state.hosts)} hosts up; converging playbooks/site.yml "
-          "(bootstrap roles, then the validators)")
+    print(f"demo: {len(state.hosts)} hosts up; running playbooks/site.yml (bootstrap, join "
+          "the cluster tainted, validate, gate)")
     inventory = paths.inventory_dir
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
@@ -44,6 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     latest = REPO_ROOT / "reports" / "latest"
     print()
     print(f"demo: site.yml exited {play.returncode} (hosts with injected faults fail on purpose)")
+    kubeconfig = controlplane.admin_kubeconfig(paths)
+    if shutil.which("kubectl") and kubeconfig.exists():
+        print(f"demo: the cluster (kubectl --kubeconfig {kubeconfig} get nodes --show-labels; "
+              "healthy nodes are labelled validation=passed and untainted, faulty ones stay "
+              "tainted with validation=failed):")
+        subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes",
+                        "--show-labels"], check=False)
+        prefix = yaml.safe_load((inventory / "group_vars" / "all" / "cluster.yml").read_text(
+            ))["gpuready_label_prefix"].replace(".", "\\.")
+        subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o",
+                        "custom-columns=NAME:.metadata.name,TAINTS:.spec.taints[*].key,"
+                        f"FAILED-CHECKS:.metadata.annotations.{prefix}/failed-checks"],
+                       check=False)
     if latest.exists():
         print(f"demo: report: {latest.resolve()}/summary.md (and index.html, results.parquet, "
               "junit.xml, metrics.prom)")

@@ -7,9 +7,11 @@ Schema (``lab/fleets/<name>.yml``)::
     hosts:                      # optional; `--nodes N` spreads N hosts over the pools instead
       - {name: node1, pool: pool_h100_sxm, faults: [ecc-uncorrectable]}
       - {name: node2, pool: pool_h100_sxm, os: debian-13}
+    control_plane:              # optional: Kubernetes control-plane hosts (no GPUs), group
+      - {name: cp1}             # kube_control_plane; the lab's API server answers on the first
 
 ``os`` (per pool, or per host overriding its pool's) is one of ``lab.rootfs.OSES``; default
-debian-12. Each OS boots from its own cached rootfs.
+debian-12 (control-plane hosts too). Each OS boots from its own cached rootfs.
 
 Every error names the file and the offending entry; nothing is booted before the whole fleet is
 valid.
@@ -42,15 +44,21 @@ MAX_HOSTS = 254 - ADDRESS_BASE
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
 
+GPU_NODE = "gpu"
+CONTROL_PLANE = "control-plane"
+CONTROL_PLANE_GROUP = "kube_control_plane"
+
+
 @dataclass(frozen=True)
 class LabHost:
     name: str
-    pool: str
-    hw_profile: str
+    pool: str  # inventory group: a gpu_nodes pool, or kube_control_plane
+    hw_profile: str  # "" for a control-plane host (no simulated GPUs)
     address: str
     port: int = 22
     faults: tuple[str, ...] = field(default_factory=tuple)
     os: str = DEFAULT_OS
+    kind: str = GPU_NODE
 
 
 def address_for(position: int) -> str:
@@ -130,6 +138,17 @@ def load_fleet(name_or_path: str = "default", nodes: int | None = None,
         hosts.append(LabHost(name=name, pool=pool, hw_profile=hw_profile,
                              address=address_for(position), port=port, faults=faults,
                              os=host_os))
+    for entry in data.get("control_plane") or []:
+        name = str(entry.get("name", "")) if isinstance(entry, dict) else ""
+        if not _NAME_RE.match(name):
+            raise LabError(f"{path}: control_plane: bad host name '{name}' (lowercase, digits, "
+                           "'-')")
+        if name in seen:
+            raise LabError(f"{path}: host name '{name}' appears twice")
+        seen.add(name)
+        hosts.append(LabHost(name=name, pool=CONTROL_PLANE_GROUP, hw_profile="",
+                             address=address_for(len(hosts) + 1), port=port,
+                             kind=CONTROL_PLANE))
     return hosts
 
 

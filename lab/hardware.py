@@ -61,6 +61,8 @@ FAULTS: dict[str, str] = {
     "ib-port-down": "one InfiniBand HCA port is Down/Polling instead of Active/LinkUp",
     "ssh-down": "the host's sshd is stopped: the node is unreachable",
     "driver-install-fail": "installing the NVIDIA driver package fails in its postinst (DKMS)",
+    "join-fails": "the cluster's API server refuses the host's kubeadm join (admission denial)",
+    "gfd-mismatch": "GPU Feature Discovery labels the node with another GPU product",
 }
 
 

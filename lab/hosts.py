@@ -66,7 +66,8 @@ def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str) -> str:
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise LabError(f"{host.name}: overlay mount failed: {proc.stderr.strip()}")
-    hardware.write_hardware(hdir / "hw", hardware.render_host(host.hw_profile, host.name))
+    if host.hw_profile:  # a control-plane host has no simulated GPUs to describe
+        hardware.write_hardware(hdir / "hw", hardware.render_host(host.hw_profile, host.name))
     write_faults(paths, host.name, host.faults)
     _write_json_atomic(hdir / "spec.json", {
         "name": host.name, "address": host.address, "port": str(host.port),

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from lab.fleet import LabHost
+from lab import controlplane
+from lab.fleet import CONTROL_PLANE, CONTROL_PLANE_GROUP, LabHost
 from lab.paths import LabPaths
 from lab.rootfs import lab_os
 
@@ -28,30 +29,34 @@ def render(paths: LabPaths, hosts: list[LabHost], repo_port: int,
            repo_key_fingerprint: str = "") -> dict[str, Any]:
     pools: dict[str, dict[str, Any]] = {}
     os_groups: dict[str, dict[str, Any]] = {}
+    control: dict[str, Any] = {}
     for host in hosts:
         entry: dict[str, Any] = {"ansible_host": host.address}
         if host.port != 22:
             entry["ansible_port"] = host.port
-        pools.setdefault(host.pool, {"hosts": {}})["hosts"][host.name] = entry
+        if host.kind == CONTROL_PLANE:
+            control[host.name] = entry
+        else:
+            pools.setdefault(host.pool, {"hosts": {}})["hosts"][host.name] = entry
         os_group = lab_os(host.os).inventory_group
         os_groups.setdefault(os_group, {"hosts": {}})["hosts"][host.name] = {}
     known_hosts = str(paths.known_hosts)
-    inventory: dict[str, Any] = {
-        "all": {
-            "vars": {
-                "ansible_user": "root",
-                "ansible_ssh_private_key_file": str(paths.ssh_key),
-                "gpuready_ssh_known_hosts": known_hosts,
-                "ansible_ssh_common_args": (f"-o UserKnownHostsFile={known_hosts} "
-                                            "-o StrictHostKeyChecking=yes"),
-                "gpuready_lab_repo_base": f"http://127.0.0.1:{repo_port}",
-                # The lab key is made at `lab up`: pinned here as a site pins its mirror's key.
-                "gpuready_lab_repo_key_fingerprint": repo_key_fingerprint,
-            },
-            "children": {"gpu_nodes": {"children": pools}, **os_groups},
-        }
+    lab_vars: dict[str, Any] = {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(paths.ssh_key),
+        "gpuready_ssh_known_hosts": known_hosts,
+        "ansible_ssh_common_args": (f"-o UserKnownHostsFile={known_hosts} "
+                                    "-o StrictHostKeyChecking=yes"),
+        "gpuready_lab_repo_base": f"http://127.0.0.1:{repo_port}",
+        # The lab key is made at `lab up`: pinned here as a site pins its mirror's key.
+        "gpuready_lab_repo_key_fingerprint": repo_key_fingerprint,
     }
-    return inventory
+    children: dict[str, Any] = {"gpu_nodes": {"children": pools}, **os_groups}
+    if control:
+        # The gate's credentials, as a site points it at its cluster's kubeconfig.
+        lab_vars["gpuready_kubeconfig"] = str(controlplane.admin_kubeconfig(paths))
+        children[CONTROL_PLANE_GROUP] = {"hosts": control}
+    return {"all": {"vars": lab_vars, "children": children}}
 
 
 def write(paths: LabPaths, hosts: list[LabHost], repo_port: int,

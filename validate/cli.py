@@ -12,6 +12,8 @@ call it in-process with their own streams; a closed or broken stream never stops
     python -m validate parse <format> <file>     parsed records as JSON on stdout
     python -m validate report <run-dir>          rebuild the report files from results
     python -m validate checks                    list check ids
+    python -m validate gate -i <inventory> [--run DIR] [--dry-run]   label and admit nodes
+                                                 (validate/gate.py)
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from types import FrameType
 from typing import Any, TextIO, cast
 
 from validate import checks as check_registry
-from validate import runinfo, runner
+from validate import gate, runinfo, runner
 from validate.inventory import InventoryError, Node, load
 from validate.model import CheckResult, ExitCode
 from validate.parsers import (
@@ -150,7 +152,16 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     rp = sub.add_parser("report", help="render a run directory's report again")
     rp.add_argument("run_dir", type=Path)
     ck = sub.add_parser("checks", help="list the check ids")
-    for parser in (p, r, ps, rp, ck):
+    gt = sub.add_parser("gate", help="label and admit (or keep out) nodes from a validation run")
+    gt.add_argument("-i", "--inventory", required=True, type=Path)
+    gt.add_argument("--run", type=Path, default=DEFAULT_OUT / "latest",
+                    help="the run directory (default: reports/latest)")
+    gt.add_argument("-l", "--limit", help="Ansible host pattern")
+    gt.add_argument("--dry-run", action="store_true", help="print the changes, make none")
+    gt.add_argument("--kubeconfig", type=Path,
+                    help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
+    gt.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
+    for parser in (p, r, ps, rp, ck, gt):
         parser.streams = (stdout, stderr)
     return p
 
@@ -421,6 +432,10 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
             return int(_cmd_parse(args, out))
         if args.cmd == "report":
             return int(_cmd_report(args, out, err))
+        if args.cmd == "gate":
+            return int(gate.cmd_gate(args.inventory, args.run, limit=args.limit,
+                                     dry_run=args.dry_run, kubeconfig=args.kubeconfig,
+                                     prefix=args.prefix, stdout=out, stderr=err))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
         return ExitCode.OK

@@ -54,6 +54,10 @@ _USED_VARS = (
     "gpuready_checkpoint_size_mib",
     "gpuready_xid_window",
     "gpuready_environment",
+    # The gate: where the cluster is, which label prefix is the site's, the Node's name.
+    "gpuready_kubeconfig",
+    "gpuready_label_prefix",
+    "node_join_node_name",
 )
 
 

@@ -28,8 +28,15 @@ nv-fabricmanager [-c CFG]
   driver version Y"). While it runs, $GPUREADY_LAB_RUN/nv-fabricmanager.pid holds its pid: the
   lab's CUDA tools (all_reduce_perf) read it, because on real NVSwitch systems CUDA reports
   'system not yet initialized' until the fabric manager has configured the fabric.
-kubelet --version -> `Kubernetes v<version>`; otherwise runs in the foreground and logs, in
-  klog form, that it is the lab simulator waiting for kubeadm join.
+kubelet --version -> `Kubernetes v<version>`; otherwise runs in the foreground, in klog form.
+  Until kubeadm join has written /etc/kubernetes/kubelet.conf it waits (saying so); then, with
+  that kubeconfig's client certificate, it does what the kubelet and the GPU Operator do for a
+  GPU node: GPU Feature Discovery labels (nvidia.com/gpu.product, .count, .memory, ... from
+  hardware.json, as NVML sees the GPUs: none without a loaded driver, one fewer with
+  gpu-missing, another SKU's product with the gfd-mismatch fault) set once when they differ,
+  and every $GPUREADY_SIM_KUBELET_INTERVAL seconds (10) a strategic merge patch of the Node's
+  status: Ready and the pressure conditions with a fresh heartbeat, capacity with
+  nvidia.com/gpu (the device plugin's part), addresses and node info.
 """
 
 from __future__ import annotations
@@ -250,6 +257,140 @@ def fabricmanager(args: list[str]) -> int:
 
 
 # -- kubelet ------------------------------------------------------------------------------
+KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
+FLAGS_ENV = "/var/lib/kubelet/kubeadm-flags.env"
+# The node labels GPU Feature Discovery owns (GPU Operator); others are left alone.
+GFD_PREFIX = "nvidia.com/"
+FAMILIES = {"Hopper": "hopper", "Ampere": "ampere", "Ada Lovelace": "ada-lovelace",
+            "Blackwell": "blackwell", "Turing": "turing", "Volta": "volta"}
+# What gfd-mismatch makes GFD report: another SKU's product (stale labels from a swapped board).
+OTHER_PRODUCT = {True: "NVIDIA-A100-SXM4-80GB", False: "NVIDIA-H100-80GB-HBM3"}
+
+
+def _label_value(text: str) -> str:
+    """GFD's sanitising: spaces become '-', other characters labels refuse are dropped."""
+    out = "".join(c if c.isalnum() or c in "-_." else "-" if c == " " else "" for c in text)
+    return out.strip("-_.")[:63].rstrip("-_.")
+
+
+def gfd_labels(hw: dict[str, Any], faults: set[str], driver: str | None,
+               now: int) -> dict[str, str]:
+    """The labels GPU Feature Discovery would put on this node (tests/fixtures/k8s-api shapes:
+    gpu.product with spaces as '-', gpu.memory in MiB, gpu.count)."""
+    gpus = list(hw.get("gpus", []))
+    if "gpu-missing" in faults and gpus:
+        gpus = gpus[:-1]
+    if not gpus or driver is None or "driver-not-loaded" in faults:
+        return {}  # no driver, no NVML: GFD labels nothing
+    first = gpus[0]
+    product = _label_value(str(first["name"]))
+    if "gfd-mismatch" in faults:
+        product = OTHER_PRODUCT["H100" in product]
+    major, minor = [*str(first.get("compute_cap", "0.0")).split("."), "0"][:2]
+    drv = [*driver.split("."), "0", "0"][:3]
+    cuda = [*str(hw.get("cuda_version", "12.4")).split("."), "0"][:2]
+    mig = str(first.get("architecture")) in ("Ampere", "Hopper", "Blackwell") and \
+        "SXM" in str(hw.get("product_name", "")) + product
+    return {
+        "nvidia.com/cuda.driver-version.full": driver,
+        "nvidia.com/cuda.driver-version.major": drv[0],
+        "nvidia.com/cuda.driver-version.minor": drv[1],
+        "nvidia.com/cuda.driver-version.revision": drv[2],
+        "nvidia.com/cuda.runtime-version.full": ".".join(cuda),
+        "nvidia.com/cuda.runtime-version.major": cuda[0],
+        "nvidia.com/cuda.runtime-version.minor": cuda[1],
+        "nvidia.com/gfd.timestamp": str(now),
+        "nvidia.com/gpu.compute.major": major,
+        "nvidia.com/gpu.compute.minor": minor,
+        "nvidia.com/gpu.count": str(len(gpus)),
+        "nvidia.com/gpu.family": FAMILIES.get(str(first.get("architecture")), "unknown"),
+        "nvidia.com/gpu.machine": _label_value(str(hw.get("product_name", ""))),
+        "nvidia.com/gpu.memory": str(first.get("memory_total_mib", 0)),
+        "nvidia.com/gpu.mode": "compute",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/gpu.sharing-strategy": "none",
+        "nvidia.com/mig.capable": "true" if mig else "false",
+        "nvidia.com/mig.strategy": "single",
+        "nvidia.com/mps.capable": "false",
+    }
+
+
+def _first_line(path: str, default: str = "") -> str:
+    try:
+        return _root(path).read_text().splitlines()[0].strip()
+    except (OSError, IndexError):
+        return default
+
+
+def _os_image() -> str:
+    try:
+        for line in _root("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return "Linux"
+
+
+def node_status(hw: dict[str, Any], gpus: int, name: str, address: str, version: str,
+                ready_since: str, now: str) -> dict[str, Any]:
+    """The status a kubelet posts: capacity (nvidia.com/gpu from the device plugin),
+    conditions, addresses and node info, in the real objects' shapes."""
+    cpu = hw.get("cpu", {})
+    cpus = int(cpu.get("sockets", 1)) * int(cpu.get("cores_per_socket", 1)) * int(
+        cpu.get("threads_per_core", 1))
+    memory_ki = int(hw.get("memory_gib", 1)) * 1024 * 1024
+    capacity = {"cpu": str(cpus), "ephemeral-storage": "959786032Ki", "hugepages-1Gi": "0",
+                "hugepages-2Mi": "0", "memory": f"{memory_ki}Ki", "pods": "110"}
+    allocatable = {**capacity, "ephemeral-storage": "884538811732",
+                   "memory": f"{memory_ki - 102400}Ki"}
+    if gpus:
+        capacity["nvidia.com/gpu"] = allocatable["nvidia.com/gpu"] = str(gpus)
+
+    def condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+        return {"type": kind, "status": status, "lastHeartbeatTime": now,
+                "lastTransitionTime": ready_since, "reason": reason, "message": message}
+
+    machine_id = _first_line("/etc/machine-id")
+    return {
+        "capacity": capacity, "allocatable": allocatable,
+        "conditions": [
+            condition("MemoryPressure", "False", "KubeletHasSufficientMemory",
+                      "kubelet has sufficient memory available"),
+            condition("DiskPressure", "False", "KubeletHasNoDiskPressure",
+                      "kubelet has no disk pressure"),
+            condition("PIDPressure", "False", "KubeletHasSufficientPID",
+                      "kubelet has sufficient PID available"),
+            condition("Ready", "True", "KubeletReady", "kubelet is posting ready status")],
+        "addresses": [{"type": "InternalIP", "address": address},
+                      {"type": "Hostname", "address": name}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "nodeInfo": {
+            "machineID": machine_id,
+            "systemUUID": (f"{machine_id[:8]}-{machine_id[8:12]}-{machine_id[12:16]}-"
+                           f"{machine_id[16:20]}-{machine_id[20:32]}" if len(machine_id) == 32
+                           else ""),
+            "bootID": _first_line("/proc/sys/kernel/random/boot_id"),
+            "kernelVersion": os.uname().release, "osImage": _os_image(),
+            "containerRuntimeVersion": "containerd://1.6.20",
+            "kubeletVersion": f"v{version}", "kubeProxyVersion": f"v{version}",
+            "operatingSystem": "linux", "architecture": "amd64"},
+    }
+
+
+def _node_name() -> str:
+    try:
+        text = _root(FLAGS_ENV).read_text()
+    except OSError:
+        text = ""
+    for word in text.replace('"', " ").split():
+        if word.startswith("--hostname-override="):
+            return word.split("=", 1)[1]
+    return os.uname().nodename
+
+
 def kubelet(args: list[str]) -> int:
     version = os.environ.get("GPUREADY_SIM_VERSION", "1.30.5")
     if any(a == "--version" or a.startswith("--version=") for a in args):
@@ -257,17 +398,63 @@ def kubelet(args: list[str]) -> int:
         return 0
     set_process_name("kubelet")
     _install_signals()
-    pid = os.getpid()
+    import kubeclient  # noqa: PLC0415 (the kubelet alone talks to the API)
 
-    def klog(message: str) -> None:
+    pid = os.getpid()
+    interval = float(os.environ.get("GPUREADY_SIM_KUBELET_INTERVAL", "10"))
+
+    def klog(message: str, level: str = "I") -> None:
         now = time.time()
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now))
         micro = int((now % 1) * 1e6)
-        print(f"I{stamp}.{micro:06d} {pid:7d} server.go:484] {message}", flush=True)
+        print(f"{level}{stamp}.{micro:06d} {pid:7d} kubelet.go:1] {message}", flush=True)
 
     klog(f'"Kubelet version" kubeletVersion="v{version}"')
-    klog(f'"{SIMULATOR}: kubelet is waiting for kubeadm join" node="{os.uname().nodename}"')
-    _wait()
+    conf = _root(KUBELET_CONF)
+    if not conf.exists():
+        klog(f'"{SIMULATOR}: kubelet is waiting for kubeadm join" node="{os.uname().nodename}"')
+    while not conf.exists():
+        if _stop.wait(2.0):
+            klog('"Shutdown signal received, stopping kubelet"')
+            return 0
+    name = _node_name()
+    client = kubeclient.kubeconfig_client(conf)
+    try:
+        address = socket.gethostbyname(os.uname().nodename)
+    except OSError:
+        address = "127.0.0.1"
+    ready_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    klog(f'"{SIMULATOR}: kubelet started" node="{name}" server="{client.server}"')
+    labelled = False
+    while True:
+        hw, faults = _load()
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        driver = _module_version()
+        try:
+            if not labelled:
+                # GPU Feature Discovery's part: its labels, set when they differ.
+                node = client.request("GET", f"/api/v1/nodes/{name}")
+                current = {k: v for k, v in (node["metadata"].get("labels") or {}).items()
+                           if k.startswith(GFD_PREFIX) and k != "nvidia.com/gfd.timestamp"}
+                wanted = gfd_labels(hw, faults, driver, int(time.time()))
+                if current != {k: v for k, v in wanted.items()
+                               if k != "nvidia.com/gfd.timestamp"}:
+                    stale = {k: None for k in current if k not in wanted}
+                    client.request("PATCH", f"/api/v1/nodes/{name}",
+                                   {"metadata": {"labels": {**stale, **wanted}}},
+                                   "application/strategic-merge-patch+json")
+                    klog(f'"{SIMULATOR}: GPU Feature Discovery labels set" node="{name}" '
+                         f'gpus="{wanted.get("nvidia.com/gpu.count", "0")}"')
+                labelled = True
+            gpus = int(gfd_labels(hw, faults, driver, 0).get("nvidia.com/gpu.count", "0"))
+            client.request("PATCH", f"/api/v1/nodes/{name}/status",
+                           {"status": node_status(hw, gpus, name, address, version,
+                                                  ready_since, now)},
+                           "application/strategic-merge-patch+json")
+        except kubeclient.ApiFailure as exc:
+            klog(f'"Error updating node status, will retry" err="{exc}"', "E")
+        if _stop.wait(interval):
+            break
     klog('"Shutdown signal received, stopping kubelet"')
     return 0
 

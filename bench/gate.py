@@ -1,0 +1,169 @@
+"""The gate's reconcile on 1,000 Nodes, 1% of them needing a change, on the lab's API server
+stand-in over HTTPS with the official client: wall time and API calls per node, against a
+baseline run side by side (what a script of per-node `kubectl label --overwrite` does: read
+each Node, patch each Node).
+
+    .venv/bin/python bench/gate.py [--nodes 1000] [--changed 10] [--rounds 3]
+
+The Nodes are stored as a kubelet and the GPU Operator leave them (status, GFD labels), the
+99% already carrying what the gate wants; the 1% just joined (tainted, unlabelled). Each round
+puts the 1% back first; the baseline runs in the first round only. API calls are counted
+twice: by the client and in the stand-in's audit log. Goal (issue 7): under 5 s, exactly one
+list plus one patch per changed Node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# The checkout is run in place, not installed: its path goes first.
+from lab.apiserver.store import Store  # noqa: E402
+from lab.hardware import render_host  # noqa: E402
+from lab.sim.daemons import gfd_labels, node_status  # noqa: E402
+from tests.apiserver_helpers import core_api, running_standin  # noqa: E402
+from validate.gate import KubeNodeApi, reconcile  # noqa: E402
+from validate.labels import NodeIdentity, NodeResults, desired_state  # noqa: E402
+from validate.model import Status  # noqa: E402
+
+PREFIX = "gpu.example.com.node-restriction.kubernetes.io"
+RUN = "20261202T101500Z"
+TAINT = {"key": f"{PREFIX}/validation", "value": "pending", "effect": "NoSchedule"}
+ADDRESS_HOST = 20  # 127.0.22.20
+
+
+def identity(name: str) -> NodeIdentity:
+    return NodeIdentity(name=name, pool="pool_h100_sxm", profile="h100-sxm5-80gb-8x",
+                        gpu_pool={"accelerator": "h100-80gb", "topology": "8gpu-sxm-nvlink",
+                                  "fabric": "infiniband", "workload": "distributed-training",
+                                  "sharing": "full-gpu"},
+                        gpu_count=8, gpu_model="NVIDIA H100 80GB HBM3", gpu_memory_mib=81559,
+                        nvswitch=True, nvlinks_per_gpu=18)
+
+
+def results() -> NodeResults:
+    return NodeResults(RUN, Status.PASS, (), 8, 81559, Status.PASS, "NVIDIA H100 80GB HBM3")
+
+
+def seed(state: Path, count: int, changed: set[str]) -> None:
+    """The Nodes, written to the stand-in's store before it starts (setup, not measured)."""
+    store = Store(state)
+    hw = render_host("h100-sxm5-8x", "bench")
+    now = "2026-12-02T10:00:00Z"
+    status = node_status(hw, 8, "bench", "10.0.0.1", "1.30.5", now, now)
+    gfd = gfd_labels(hw, set(), "550.90.07", 1796200000)
+    for i in range(count):
+        name = f"gpu-{i:04d}"
+        labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", **gfd}
+        spec: dict[str, Any] = {}
+        if name in changed:
+            spec = {"taints": [TAINT]}
+        else:
+            labels.update(desired_state(identity(name), results(), PREFIX,
+                                        {k: gfd[k] for k in gfd}).labels)
+        store.create(("nodes", "", name), {
+            "kind": "Node", "apiVersion": "v1",
+            "metadata": {"name": name, "labels": labels},
+            "spec": spec, "status": {**status, "addresses": [
+                {"type": "InternalIP", "address": f"10.0.{i // 250}.{i % 250 + 1}"},
+                {"type": "Hostname", "address": name}]}})
+
+
+def unadmit(api: Any, names: set[str]) -> None:
+    """Put the changed Nodes back to just-joined (as the admin), before a round."""
+    for name in sorted(names):
+        node = api.read_node(name)
+        labels = {k: None for k in node.metadata.labels if k.startswith(PREFIX)}
+        api.patch_node(name, {"metadata": {"labels": labels}, "spec": {"taints": [TAINT]}},
+                       _content_type="application/merge-patch+json")
+
+
+def audit_counts(standin: Any, since: int) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for event in standin.audit()[since:]:
+        counts[event["verb"]] = counts.get(event["verb"], 0) + 1
+    return counts
+
+
+def gate_round(standin: Any, identities: list[NodeIdentity],
+               table: dict[str, NodeResults]) -> tuple[float, dict[str, int], dict[str, int]]:
+    since = len(standin.audit())
+    api = KubeNodeApi(standin.kubeconfig)
+    start = time.perf_counter()
+    report = reconcile(api, identities, table, PREFIX)
+    took = time.perf_counter() - start
+    assert all(o.verdict == "passed" for o in report.nodes)
+    return took, dict(api.calls), audit_counts(standin, since)
+
+
+def baseline_round(standin: Any, identities: list[NodeIdentity]) -> tuple[float, dict[str, int]]:
+    """Per node: read it, then patch the labels (kubectl label --overwrite, node by node)."""
+    since = len(standin.audit())
+    api = core_api(standin)
+    start = time.perf_counter()
+    for ident in identities:
+        node = api.read_node(ident.name)
+        wanted = desired_state(ident, results(), PREFIX).labels
+        taints = [t for t in (node.spec.taints or []) if t.key != TAINT["key"]]
+        api.patch_node(ident.name, {"metadata": {"labels": dict(wanted)},
+                                    "spec": {"taints": [t.to_dict() for t in taints]}},
+                       _content_type="application/merge-patch+json")
+    return time.perf_counter() - start, audit_counts(standin, since)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--changed", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    changed = {f"gpu-{i:04d}" for i in range(0, args.nodes, max(1, args.nodes // args.changed))}
+    with tempfile.TemporaryDirectory(prefix="gpuready-bench-gate-") as tmp:
+        root = Path(tmp)
+        from lab.apiserver import server  # noqa: PLC0415
+
+        state = root / "seed"
+        server.init_state(state, f"127.0.22.{ADDRESS_HOST}")
+        seed(state, args.nodes, changed)
+        identities = [identity(f"gpu-{i:04d}") for i in range(args.nodes)]
+        table = {i.name: results() for i in identities}
+        with running_standin(root / "run", ADDRESS_HOST, seed_state=state) as standin:
+            admin = core_api(standin)
+            gate_times, baseline_times = [], []
+            calls: dict[str, int] = {}
+            audited: dict[str, int] = {}
+            base_audited: dict[str, int] = {}
+            for round_no in range(args.rounds):
+                unadmit(admin, changed)
+                took, calls, audited = gate_round(standin, identities, table)
+                gate_times.append(took)
+                if round_no == 0:  # 2,000 requests: once is enough for a reference
+                    unadmit(admin, changed)
+                    took, base_audited = baseline_round(standin, identities)
+                    baseline_times.append(took)
+    gate_s, base_s = statistics.median(gate_times), statistics.median(baseline_times)
+    per_node = sum(calls.values()) / args.nodes
+    print(f"gate reconcile, {args.nodes} Nodes, {len(changed)} needing a change "
+          f"(median of {args.rounds}): {gate_s:.2f} s")
+    print(f"  API calls (client): {calls}; per node {per_node:.3f}")
+    print(f"  API calls (stand-in audit log): {audited}")
+    print(f"baseline (read + patch each Node, one round): {base_s:.2f} s, audit {base_audited}")
+    print(f"ratio: the gate takes {gate_s / base_s:.3f} of the baseline's time "
+          f"({base_s / gate_s:.1f}x faster)")
+    ok = (gate_s < 5.0 and calls == {"list": 1, "patch": len(changed)}
+          and audited.get("list") == 1 and audited.get("patch") == len(changed))
+    print(f"goal (< 5 s, exactly 1 list + 1 patch per changed Node): {'met' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""The cluster step on the lab (issue 7, "Done when"): site.yml is bootstrap -> join -> validate
+-> gate on a fresh lab with a control plane (cp1, the SIMULATED API server) and two GPU hosts:
+node1 healthy, node2 failing validation (ECC) with GPU Feature Discovery labels that contradict
+its hardware. One lab serves the module; the tests run in file order on it:
+
+- the first site.yml admits node1 and keeps node2 out, as kubectl shows;
+- a second site.yml changes nothing (no host task, no label/taint/annotation, zero PATCH);
+  join.yml in check mode changes nothing either;
+- hand-edited and stale labels under the prefix are reported (--dry-run: only reported) and put
+  back, a foreign label stays;
+- a half-joined host (kubelet.conf, no Node) is reset and joined again;
+- bad input on node2, made to not have joined: the cluster refusing (join-fails), a wrong CA
+  pin, an expired token, the control plane down (the gate then exits 2 and changes nothing);
+  each fails that host alone and leaves it without kubelet.conf; then it joins;
+- no join token appears in runner artifacts, reports, logs, journals or host files.
+
+The validators run with ``validate_checks=gpu.*,node.services``: the faults here are GPU ones,
+and the storage and NCCL checks have their own lab test (test_validate.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+import pytest
+import yaml
+
+from lab import controlplane, core, hosts
+from lab.apiserver.store import read_audit
+from lab.core import LabState
+from lab.paths import REPO_ROOT, LabPaths
+from tests.lab.conftest import lab_cli, running_lab, ssh
+from validate import cli
+
+PREFIX = "gpuready.node-restriction.kubernetes.io"  # inventory/lab/group_vars/all/cluster.yml
+TAINT_KEY = f"{PREFIX}/validation"
+CHECKS = "gpu.*,node.services"
+PLAYBOOKS = REPO_ROOT / "playbooks"
+KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
+# The join itself is a no_log task (ansible-core 2.19 censors its result, "changed" included);
+# the task that removes the JoinConfiguration after it shows that the join ran.
+JOINED_TASK = "Remove the JoinConfiguration (it holds the token)"
+
+
+@dataclass(frozen=True)
+class PlaybookRun:
+    """One ansible-playbook run, as ansible-runner recorded it (stats and events)."""
+
+    rc: int
+    stats: dict[str, dict[str, int]]
+    events: tuple[dict[str, Any], ...]
+
+    def count(self, kind: str, host: str) -> int:
+        return self.stats.get(kind, {}).get(host, 0)
+
+    def changed_tasks(self, host: str) -> set[str]:
+        return {e["event_data"]["task"] for e in self.events
+                if e.get("event") == "runner_on_ok" and e["event_data"].get("host") == host
+                and e["event_data"].get("res", {}).get("changed")}
+
+    def failures(self, host: str) -> list[str]:
+        return [f"{e['event_data'].get('task')}: {e['event_data'].get('res', {}).get('msg', '')}"
+                for e in self.events if e.get("event") in ("runner_on_failed",
+                                                           "runner_on_unreachable")
+                and e["event_data"].get("host") == host]
+
+    def debug_lines(self, task: str) -> list[str]:
+        for e in self.events:
+            data = e.get("event_data", {})
+            if e.get("event") == "runner_on_ok" and data.get("task") == task:
+                return [str(line) for line in data.get("res", {}).get("msg", [])]
+        return []
+
+
+class Cluster:
+    def __init__(self, state: LabState, paths: LabPaths, artifacts: Path, vault: Path) -> None:
+        self.state = state
+        self.paths = paths
+        self.artifacts = artifacts
+        self.vault = vault  # host variables a site would keep in its vault (not artifacts)
+        self.kubeconfig = controlplane.admin_kubeconfig(paths)
+        self.runs = 0
+        self.log: list[str] = []
+        self.tokens: set[str] = set()  # every bootstrap token the cluster has held
+
+    def playbook(self, name: str, *, limit: str | None = None, cmdline: str = "",
+                 extravars: dict[str, Any] | None = None, label: str = "") -> PlaybookRun:
+        self.runs += 1
+        private = self.artifacts / f"run{self.runs}"
+        private.mkdir(parents=True)
+        started = time.monotonic()
+        runner = ansible_runner.run(
+            private_data_dir=str(private), project_dir=str(REPO_ROOT),
+            playbook=str(PLAYBOOKS / name), inventory=str(self.paths.inventory_dir),
+            limit=limit, cmdline=cmdline or None, extravars=extravars or {},
+            envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+                     "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"},
+            quiet=True)
+        self.log.append(f"{label or name}: {time.monotonic() - started:.0f} s")
+        self.collect_tokens()
+        return PlaybookRun(rc=runner.rc, stats=runner.stats or {}, events=tuple(runner.events))
+
+    def api(self) -> Any:
+        from kubernetes import client, config  # noqa: PLC0415
+
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig),
+                                client_configuration=configuration)
+        return client.CoreV1Api(client.ApiClient(configuration))
+
+    def node(self, name: str) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.api().read_node(name, _preload_content=False).data)
+        return data
+
+    def collect_tokens(self) -> None:
+        if controlplane.pid(self.paths) is None:
+            return
+        secrets = self.api().list_namespaced_secret("kube-system", _preload_content=False)
+        for item in json.loads(secrets.data)["items"]:
+            data = item.get("data") or {}
+            if item.get("type") == "bootstrap.kubernetes.io/token":
+                token_id = base64.b64decode(data["token-id"]).decode()
+                secret = base64.b64decode(data["token-secret"]).decode()
+                self.tokens.add(f"{token_id}.{secret}")
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
+               "HOME": str(self.artifacts / "kubectl-home")}
+        return subprocess.run(["kubectl", *args], env=env, capture_output=True, text=True,
+                              timeout=60, check=False)
+
+    def gate(self, *args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        rc = cli.main(["gate", "-i", str(self.paths.inventory_dir), *args], stdout=out,
+                      stderr=err)
+        return rc, out.getvalue(), err.getvalue()
+
+    def admin_patches(self) -> int:
+        """PATCH calls on Nodes by the admin (the gate's credentials) in the audit log."""
+        return sum(1 for e in read_audit(controlplane.audit_log(self.paths))
+                   if e["verb"] == "patch" and e["user"]["username"] == "kubernetes-admin"
+                   and e.get("objectRef", {}).get("resource") == "nodes")
+
+    def joined(self, host: str) -> bool:
+        return ssh(self.state.host(host).address, f"test -e {KUBELET_CONF}").returncode == 0
+
+    def extra_inventory(self, host: str, variables: dict[str, Any]) -> str:
+        """A second inventory source setting host variables (as host_vars would)."""
+        path = self.vault / f"extra-{self.runs}.yml"
+        path.write_text(yaml.safe_dump({"all": {"hosts": {host: variables}}}))
+        return f"-i {path}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory,
+            request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    started = time.monotonic()
+    paths = LabPaths.default()
+    with running_lab(fleet="cluster") as state:
+        assert [h.name for h in state.hosts] == ["node1", "node2", "cp1"]
+        the_cluster = Cluster(state, paths, tmp_path_factory.mktemp("cluster"),
+                              tmp_path_factory.mktemp("vault"))
+        try:
+            yield the_cluster
+        finally:
+            controlplane.start(paths, state.hosts)  # if a test stopped it, for `lab down`
+    summary = (f"test_cluster: {time.monotonic() - started:.0f} s in all "
+               f"({'; '.join(the_cluster.log)})")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            print(f"\n{summary}")
+    else:
+        print(summary)
+
+
+@pytest.fixture(scope="module")
+def first_site(cluster: Cluster) -> PlaybookRun:
+    return cluster.playbook("site.yml", extravars={"validate_checks": CHECKS},
+                            label="first site.yml")
+
+
+def _ours(node: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in node["metadata"].get("labels", {}).items()
+            if k.startswith(PREFIX + "/")}
+
+
+def _taint_keys(node: dict[str, Any]) -> list[str]:
+    return [t["key"] for t in node["spec"].get("taints", [])]
+
+
+def test_site_admits_the_healthy_node_and_keeps_the_faulty_one_out(
+        cluster: Cluster, first_site: PlaybookRun) -> None:
+    # The gate's verdict (a node stays out) is the play's failure, and the only one.
+    assert first_site.rc != 0
+    assert set(first_site.stats.get("failures", {})) == {"localhost"}
+    for host in ("node1", "node2"):
+        assert first_site.failures(host) == [], host
+        assert JOINED_TASK in first_site.changed_tasks(host)
+        assert cluster.joined(host)
+        gone = ssh(cluster.state.host(host).address, "test ! -e /etc/kubernetes/gpuready-join.json")
+        assert gone.returncode == 0, "the JoinConfiguration (it holds the token) is removed"
+    node1, node2 = cluster.node("node1"), cluster.node("node2")
+    ready = {c["type"]: c["status"] for c in node1["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+    assert _ours(node1) == {
+        f"{PREFIX}/pool": "pool_h100_sxm", f"{PREFIX}/profile": "h100-sxm5-80gb-8x",
+        f"{PREFIX}/accelerator": "h100-80gb", f"{PREFIX}/gpu-count": "8",
+        f"{PREFIX}/gpu-memory-gib": "80", f"{PREFIX}/form-factor": "sxm",
+        f"{PREFIX}/topology": "8gpu-sxm-nvlink", f"{PREFIX}/nvlink": "nvswitch",
+        f"{PREFIX}/fabric": "infiniband", f"{PREFIX}/workload": "distributed-training",
+        f"{PREFIX}/sharing": "full-gpu", f"{PREFIX}/validation": "passed",
+        f"{PREFIX}/validated-at": _ours(node1)[f"{PREFIX}/validated-at"]}
+    assert TAINT_KEY not in _taint_keys(node1)
+    assert node1["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert _taint_keys(node2) == [TAINT_KEY]
+    assert _ours(node2)[f"{PREFIX}/validation"] == "failed"
+    assert node2["metadata"]["annotations"][f"{PREFIX}/failed-checks"] == (
+        "gate.gfd_mismatch,gpu.ecc.uncorrectable")
+    # The gate said what it did, and wrote it into the run directory.
+    shown = first_site.debug_lines("Show what the gate did")
+    assert "node1: passed; patched in 1 attempt(s)" in shown
+    assert "node2: failed (gate.gfd_mismatch, gpu.ecc.uncorrectable); patched in 1 attempt(s)" \
+        in shown
+    record = json.loads((REPO_ROOT / "reports" / "latest" / "gate.json").read_text())
+    assert {n["node"]: n["verdict"] for n in record["nodes"]} == {"node1": "passed",
+                                                                   "node2": "failed"}
+    # What an SRE sees with a real kubectl.
+    shown_nodes = cluster.kubectl("get", "nodes", "--show-labels")
+    assert shown_nodes.returncode == 0, shown_nodes.stderr
+    rows = {line.split()[0]: line for line in shown_nodes.stdout.splitlines()[1:]}
+    assert rows["node1"].split()[1] == "Ready" and rows["node2"].split()[1] == "Ready"
+    assert f"{PREFIX}/validation=passed" in rows["node1"]
+    assert f"{PREFIX}/validation=failed" in rows["node2"]
+    status = lab_cli("status")
+    assert "SIMULATED kube-apiserver stand-in" in status.stdout
+
+
+def _snapshot(cluster: Cluster) -> dict[str, Any]:
+    out = {}
+    for name in ("node1", "node2"):
+        node = cluster.node(name)
+        out[name] = (node["metadata"].get("labels"), node["metadata"].get("annotations"),
+                     node["spec"].get("taints"))
+    return out
+
+
+def test_second_site_changes_nothing(cluster: Cluster, first_site: PlaybookRun) -> None:
+    del first_site  # ordering only
+    before, patches_before = _snapshot(cluster), cluster.admin_patches()
+    run = cluster.playbook("site.yml", extravars={"validate_checks": CHECKS},
+                           label="second site.yml")
+    patches = cluster.admin_patches() - patches_before
+    for host in ("node1", "node2", "localhost"):
+        assert run.changed_tasks(host) == set(), host
+        assert run.count("changed", host) == 0, host
+    assert patches == 0
+    shown = run.debug_lines("Show what the gate did")
+    assert any("nothing to change" in line for line in shown), shown
+    assert _snapshot(cluster) == before
+    check = cluster.playbook("join.yml", cmdline="--check --diff", label="join.yml --check")
+    assert check.rc == 0
+    for host in ("node1", "node2"):
+        assert check.count("changed", host) == 0, (host, check.changed_tasks(host))
+
+
+def test_hand_edited_labels_are_reported_and_restored(cluster: Cluster,
+                                                      first_site: PlaybookRun) -> None:
+    del first_site
+    run_dir = str((REPO_ROOT / "reports" / "latest").resolve())
+    edits = [("label", "node", "node1", f"{PREFIX}/gpu-count=4", "--overwrite"),
+             ("label", "node", "node1", f"{PREFIX}/fabric-"),
+             ("label", "node", "node1", "team=ml", f"{PREFIX}/retired=yes")]
+    for edit in edits:
+        done = cluster.kubectl(*edit)
+        assert done.returncode == 0, done.stderr
+    patches = cluster.admin_patches()
+    rc, out, _ = cluster.gate("--run", run_dir, "--dry-run")
+    assert rc == 1  # node2 stays out
+    expected = [f"  label {PREFIX}/fabric: <none> -> infiniband",
+                f"  label {PREFIX}/gpu-count: 4 -> 8",
+                f"  label {PREFIX}/retired: yes -> <none>"]
+    assert "node1: passed; would change" in out
+    assert all(line in out.splitlines() for line in expected), out
+    assert cluster.admin_patches() == patches  # the dry run sent no PATCH
+    assert _ours(cluster.node("node1"))[f"{PREFIX}/gpu-count"] == "4"
+    rc, out, _ = cluster.gate("--run", run_dir)
+    assert "node1: passed; patched in 1 attempt(s)" in out
+    assert all(line in out.splitlines() for line in expected), out
+    assert cluster.admin_patches() == patches + 1
+    labels = cluster.node("node1")["metadata"]["labels"]
+    assert labels[f"{PREFIX}/gpu-count"] == "8" and labels[f"{PREFIX}/fabric"] == "infiniband"
+    assert f"{PREFIX}/retired" not in labels
+    assert labels["team"] == "ml"  # outside the prefix: never touched
+
+
+def test_a_half_joined_host_is_reset_and_joined_again(cluster: Cluster,
+                                                      first_site: PlaybookRun) -> None:
+    del first_site
+    deleted = cluster.kubectl("delete", "node", "node1")
+    assert deleted.returncode == 0, deleted.stderr
+    assert cluster.joined("node1")  # kubelet.conf, but no Node: half-joined
+    run = cluster.playbook("join.yml", label="join.yml (node1 half-joined)")
+    assert run.rc == 0, run.failures("node1")
+    assert {"Reset the half-joined host before joining again", JOINED_TASK} <= \
+        run.changed_tasks("node1")
+    assert run.changed_tasks("node2") == set()
+    node1 = cluster.node("node1")
+    assert _taint_keys(node1) == [TAINT_KEY]  # back in, tainted until the gate admits it
+    rc, out, _ = cluster.gate("--run", str((REPO_ROOT / "reports" / "latest").resolve()))
+    assert rc == 1  # node2 stays out
+    assert "node1: passed; patched in 1 attempt(s)" in out
+    assert TAINT_KEY not in _taint_keys(cluster.node("node1"))
+
+
+def _unjoin(cluster: Cluster, host: str) -> None:
+    """Make ``host`` a host that has not joined (its Node deleted, kubeadm reset)."""
+    assert cluster.kubectl("delete", "node", host).returncode == 0
+    reset = ssh(cluster.state.host(host).address, "kubeadm reset --force")
+    assert reset.returncode == 0, reset.stderr
+    assert not cluster.joined(host)
+
+
+def test_bad_input_fails_the_host_alone_and_leaves_it_not_joined(
+        cluster: Cluster, first_site: PlaybookRun) -> None:
+    del first_site
+    _unjoin(cluster, "node2")
+    # The cluster refuses the join (lab fault join-fails): node2 fails, node1 is left alone.
+    assert lab_cli("fault", "node2", "join-fails").returncode == 0
+    refused = cluster.playbook("join.yml", label="join.yml (join-fails)")
+    assert set(refused.stats.get("failures", {})) == {"node2"}
+    assert refused.changed_tasks("node1") == set()
+    assert any('admission webhook "join-policy.gpuready-lab.invalid" denied the request' in f
+               for f in refused.failures("node2")), refused.failures("node2")
+    assert not cluster.joined("node2")
+    assert lab_cli("fault", "node2", "--remove", "join-fails").returncode == 0
+    # A wrong CA pin.
+    wrong_pin = cluster.playbook("join.yml", limit="node2", label="join.yml (wrong CA pin)",
+                                 cmdline=cluster.extra_inventory("node2", {
+                                     "node_join_ca_cert_hashes": ["sha256:" + "0" * 64]}))
+    assert any("none of the public keys" in f and "are pinned" in f
+               for f in wrong_pin.failures("node2")), wrong_pin.failures("node2")
+    assert not cluster.joined("node2")
+    # An expired token (made with a 1 s TTL on the control plane, as from a stale vault).
+    made = ssh(cluster.state.host("cp1").address, "kubeadm token create --ttl 1s")
+    assert made.returncode == 0, made.stderr
+    expired = made.stdout.strip()
+    cluster.tokens.add(expired)
+    time.sleep(3)
+    stale = cluster.playbook("join.yml", limit="node2", label="join.yml (expired token)",
+                             cmdline=cluster.extra_inventory("node2",
+                                                             {"node_join_token": expired}))
+    assert any("is invalid for this cluster or it has expired" in f
+               for f in stale.failures("node2")), stale.failures("node2")
+    assert not cluster.joined("node2")
+    # The control plane down: no token can be made, the join fails with that reason, and the
+    # gate exits 2 having changed nothing.
+    labels_before = cluster.node("node1")["metadata"]["labels"]
+    assert controlplane.stop(cluster.paths)
+    try:
+        down = cluster.playbook("join.yml", limit="node2", label="join.yml (control plane down)")
+        assert any("Could not make a join token on cp1" in f and "connection refused" in f
+                   for f in down.failures("node2")), down.failures("node2")
+        assert not cluster.joined("node2")
+        rc, out, err = cluster.gate("--run", str((REPO_ROOT / "reports" / "latest").resolve()))
+        assert rc == 2
+        assert "cannot reach the Kubernetes API" in err and "nothing was changed" in err
+        assert out == ""
+    finally:
+        controlplane.start(cluster.paths, cluster.state.hosts)
+    # The stand-in's state survived its restart.
+    assert cluster.node("node1")["metadata"]["labels"] == labels_before
+    # With the cause gone, the host joins.
+    joined = cluster.playbook("join.yml", label="join.yml (node2 again)")
+    assert joined.rc == 0, joined.failures("node2")
+    assert cluster.joined("node2") and _taint_keys(cluster.node("node2")) == [TAINT_KEY]
+
+
+def _files(root: Path) -> Iterator[Path]:
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            yield path
+
+
+def test_the_join_token_appears_nowhere(cluster: Cluster, first_site: PlaybookRun) -> None:
+    del first_site
+    cluster.collect_tokens()
+    assert cluster.tokens, "no bootstrap token was seen"
+    needles = [t.encode() for t in cluster.tokens] + [t.split(".")[1].encode()
+                                                      for t in cluster.tokens]
+    places: list[Path] = [cluster.artifacts, REPO_ROOT / "reports", cluster.paths.inventory_dir,
+                          controlplane.audit_log(cluster.paths),
+                          controlplane.state_dir(cluster.paths) / "apiserver.log"]
+    places += [cluster.paths.host_dir(h.name) / "upper" for h in cluster.state.hosts]
+    found = []
+    for place in places:
+        for path in ([place] if place.is_file() else _files(place)):
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            found += [f"{path}: {n.decode()}" for n in needles if n in data]
+    for host in cluster.state.hosts:  # the hosts' journals (volatile, under /run)
+        journal = hosts.host_exec(cluster.paths, host.name,
+                                  ["journalctl", "--no-pager", "-o", "cat"], timeout=60)
+        found += [f"{host.name} journal: {n.decode()}" for n in needles
+                  if n.decode() in journal.stdout]
+    assert found == []
+
+
+def test_lab_is_still_the_one_this_module_started(cluster: Cluster) -> None:
+    state = core.running_state(cluster.paths)
+    assert state is not None and state.started == cluster.state.started
