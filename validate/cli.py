@@ -8,6 +8,8 @@ in-process with their own streams.
     python -m validate parse <format> <file>     parsed records as JSON on stdout
     python -m validate report <run-dir>          rebuild the report files from results
     python -m validate checks                    list check ids
+    python -m validate drift -i <inventory> ...  read-only drift check (validate/drift/cli.py)
+    python -m validate history <reports root>    figures over past runs, against baselines
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ from typing import Any, TextIO
 
 from validate import checks as check_registry
 from validate import runner
+from validate.drift import cli as drift_cli
+from validate.history import HistoryError
 from validate.inventory import InventoryError, load
 from validate.model import ExitCode
 from validate.parsers import (
     ParseError,
+    containerd_config,
+    dpkg_query,
     fio,
     ibstat,
     nccl,
@@ -56,6 +62,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     ibstat.FORMAT: ibstat.parse_report,
     ibstat.IBSTATUS_FORMAT: ibstat.parse_ibstatus,
     xid.FORMAT: xid.parse,
+    dpkg_query.FORMAT: dpkg_query.parse,
+    containerd_config.FORMAT: containerd_config.parse_runtimes,
 }
 
 
@@ -111,7 +119,7 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     rp = sub.add_parser("report", help="render a run directory's report again")
     rp.add_argument("run_dir", type=Path)
     ck = sub.add_parser("checks", help="list the check ids")
-    for parser in (p, r, ps, rp, ck):
+    for parser in (p, r, ps, rp, ck, *drift_cli.add_parsers(sub, DEFAULT_OUT)):
         parser.streams = (stdout, stderr)
     return p
 
@@ -206,6 +214,10 @@ def main(
             return int(_cmd_parse(args, out))
         if args.cmd == "report":
             return int(_cmd_report(args, out))
+        if args.cmd == "drift":
+            return int(drift_cli.cmd_drift(args, out, err))
+        if args.cmd == "history":
+            return int(drift_cli.cmd_history(args, out, err))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
         return ExitCode.OK
@@ -214,7 +226,7 @@ def main(
     except ParseError as exc:
         err.write(f"parse error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
-    except (InventoryError, ProfileError, check_registry.UnknownCheck) as exc:
+    except (InventoryError, ProfileError, check_registry.UnknownCheck, HistoryError) as exc:
         err.write(f"error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
     except (OSError, ValueError) as exc:

@@ -45,6 +45,13 @@ _USED_VARS = (
     "gpuready_checkpoint_size_mib",
     "gpuready_xid_window",
     "gpuready_environment",
+    # drift (validate/drift): role inputs the live probes compare against, and its settings
+    "nvidia_driver_persistenced_enabled",
+    "nvidia_driver_peermem_fabrics",
+    "gpu_kernel_prereqs_modules",
+    "nvidia_container_toolkit_runtime_name",
+    "gpuready_kernel_release",
+    "gpuready_drift_margins",
 )
 
 
