@@ -55,12 +55,15 @@ FAULTS: dict[str, str] = {
     "xid-79": "the kernel log carries an Xid 79 (GPU has fallen off the bus) for one GPU",
     "xid-48": "the kernel log carries an Xid 48 (double bit ECC error) for one GPU",
     "nccl-low-busbw": "all_reduce_perf reports bus bandwidth well below the node's healthy peak",
+    "nccl-busbw-drop": "all_reduce_perf bus bandwidth ~15% below the node's usual, still above "
+                       "the profile's floors (only the node's own history shows it)",
     "nccl-wrong-results": "all_reduce_perf reports a non-zero #wrong count (data corruption)",
     "tool-hang": "GPU tools (nvidia-smi, ...) hang forever before printing anything",
     "driver-not-loaded": "no NVIDIA kernel module: nvidia-smi says it cannot talk to the driver",
     "ib-port-down": "one InfiniBand HCA port is Down/Polling instead of Active/LinkUp",
     "ssh-down": "the host's sshd is stopped: the node is unreachable",
     "driver-install-fail": "installing the NVIDIA driver package fails in its postinst (DKMS)",
+    "gpu-busy": "a GPU job holds GPU 0: nvidia-smi --query-compute-apps lists its process",
 }
 
 
