@@ -2,9 +2,13 @@
 
 The per-run Parquet files *are* the history: each run writes its own directory and never
 touches another's, so runs that overlap (two drift runs, a drift run and a validation) add rows
-and lose none. Nothing here writes. Reads go through a pyarrow dataset with column projection
-and a filter pushed into the scan (dictionary-decoded strings, multi-threaded), not a loop over
-CSV files: 365 runs x 1,000 nodes x 40 checks answer in about a second (bench/drift.py).
+and lose none. Nothing here writes.
+
+Reads are columnar: a pyarrow dataset over the run files, only the columns needed, strings
+kept dictionary-encoded. A row filter is applied per record batch on the dictionary *indices*
+(the node's or the checks' positions in the batch's dictionary) rather than on decoded strings,
+and everything after the scan works on integer codes (pandas categoricals): 365 runs x 1,000
+nodes x 40 checks answer in about a second (bench/drift.py), not with a loop over CSV files.
 
 Vocabulary:
 
@@ -20,16 +24,19 @@ Vocabulary:
 Outputs (pandas DataFrames):
 
 - :func:`node_series` -> ``run_id, time, node, pool, check, metric, figure, value, status``
-  sorted by run_id (run ids sort by time).
-- :func:`summarise` -> per figure ``node, figure, runs, latest_run, latest, baseline,
-  baseline_runs, ratio, below, last_change_run, last_change_from, last_change_to``.
-- :func:`fleet_table` -> the same columns for every node (latest run of each node vs the
-  baseline before it), plus ``pool``.
+  sorted by run_id (run ids sort by time);
+- :func:`summarise` / :func:`fleet_table` -> per node and figure: ``node, pool, figure, runs,
+  latest_run, latest, baseline, baseline_runs, ratio, below, last_change_run,
+  last_change_from, last_change_to`` (the latest run against the baseline of the runs
+  before it);
+- :func:`baselines` -> ``node, check, metric, baseline, baseline_runs``: the baseline of every
+  run in history, for judging a new run (drift).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,8 +62,9 @@ FIGURES: dict[tuple[str, str], str] = {
     ("gpu.pcie", "pcie_gen"): "pcie_gen",
 }
 _BY_NAME = {name: key for key, name in FIGURES.items()}
-_COLUMNS = ["run_id", "time", "node", "pool", "check", "metric", "value", "status"]
 _DICT_COLUMNS = ["run_id", "time", "node", "pool", "check", "metric", "status"]
+SERIES_COLUMNS = ["run_id", "time", "node", "pool", "check", "metric", "figure", "value",
+                  "status"]
 SUMMARY_COLUMNS = [
     "node",
     "pool",
@@ -72,6 +80,8 @@ SUMMARY_COLUMNS = [
     "last_change_from",
     "last_change_to",
 ]
+BASELINE_COLUMNS = ["node", "check", "metric", "baseline", "baseline_runs"]
+_BATCH_ROWS = 1 << 17
 
 
 class HistoryError(ValueError):
@@ -109,194 +119,295 @@ def parse_figure(text: str) -> tuple[str, str]:
     return check, metric
 
 
-def run_files(root: Path, *, exclude: Iterable[str] = ()) -> list[Path]:
-    """``results.parquet`` of every run directory directly under ``root``, by run id.
+def run_files(roots: Path | Sequence[Path], *, exclude: Iterable[str] = ()) -> list[Path]:
+    """``results.parquet`` of every run directory directly under the root(s), by run id.
 
-    Symlinks (``latest``) are skipped so that no run is read twice; a run directory still
-    being written has no results.parquet yet (it is renamed into place) and is not listed."""
-    if not root.is_dir():
-        raise HistoryError(f"reports root {root} is not a directory")
+    Symlinks (``latest``) and dot-directories (a drift run still being written) are skipped,
+    so no run is read twice or half; a run id found under two roots is read once."""
     skip = set(exclude)
-    found = []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            if entry.name in skip or entry.name.startswith(".") or entry.is_symlink():
-                continue
-            if entry.is_dir(follow_symlinks=False):
+    found: dict[str, Path] = {}
+    for root in [roots] if isinstance(roots, Path) else roots:
+        if not root.is_dir():
+            raise HistoryError(f"reports root {root} is not a directory")
+        with os.scandir(root) as entries:
+            for entry in entries:
+                if (entry.name in skip or entry.name in found or entry.name.startswith(".")
+                        or entry.is_symlink() or not entry.is_dir(follow_symlinks=False)):
+                    continue
                 path = Path(entry.path) / RESULTS_FILE
                 if path.is_file():
-                    found.append(path)
-    return sorted(found)
+                    found[entry.name] = path
+    return [found[name] for name in sorted(found)]
 
 
-def _dataset(files: Sequence[Path]) -> ds.Dataset:
+def _scan(files: Sequence[Path], column: str, values: Sequence[str] | None,
+          columns: Sequence[str]) -> pa.Table:
+    """Rows whose ``column`` is one of ``values`` (all rows when None) and whose value is
+    set, with ``columns``; strings stay dictionary-encoded."""
     fmt = ds.ParquetFileFormat(read_options={"dictionary_columns": _DICT_COLUMNS})
-    return ds.dataset([str(f) for f in files], format=fmt)
-
-
-def _read(files: Sequence[Path], condition: pc.Expression) -> pd.DataFrame:
-    """Rows matching ``condition`` with a numeric value, as a DataFrame of :data:`_COLUMNS`."""
+    wanted = list(dict.fromkeys([*columns, column, "value"]))
+    schema = pa.schema([(c, pa.float64() if c == "value" else
+                         pa.dictionary(pa.int32(), pa.string())) for c in wanted])
     if not files:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in _COLUMNS}).astype(
-            {"value": "float64"}
-        )
-    table = _dataset(files).to_table(
-        columns=_COLUMNS, filter=condition & pc.field("value").is_valid()
-    )
-    # Dictionary columns come back as pandas categoricals: cheap to group and compare.
-    return table.to_pandas()
+        return schema.empty_table()
+    dataset = ds.dataset([str(f) for f in files], format=fmt)
+    want = pa.array(list(values)) if values is not None else None
+    kept = []
+    for batch in dataset.to_batches(columns=wanted, batch_size=_BATCH_ROWS):
+        mask = pc.is_valid(batch.column("value"))
+        if want is not None:
+            col = batch.column(column)
+            # The positions of the wanted strings in this batch's dictionary, then a compare
+            # of the integer indices: no string is decoded for the rows that are dropped.
+            hits = pc.indices_nonzero(pc.is_valid(pc.index_in(col.dictionary, value_set=want)))
+            if len(hits) == 0:
+                continue
+            mask = pc.and_(mask, pc.is_in(col.indices, value_set=hits.cast(col.indices.type)))
+        part = batch.filter(mask)
+        if part.num_rows:
+            kept.append(part.select(wanted))
+    if not kept:
+        return schema.empty_table()
+    return pa.Table.from_batches(kept).unify_dictionaries()
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Scanned rows as integer codes, one per node, figure and run, sorted by group (node and
+    figure) then run. ``starts`` holds the first row of each group."""
+
+    node: np.ndarray  # codes into node_names
+    node_names: np.ndarray
+    pool: np.ndarray  # codes into pool_names
+    pool_names: np.ndarray
+    figure: np.ndarray  # codes into figures: (check, metric)
+    figures: list[tuple[str, str]]
+    run: np.ndarray  # codes into run_names, which are sorted: the code is the run's order
+    run_names: np.ndarray
+    status: np.ndarray  # codes into status_names
+    status_names: np.ndarray
+    time: np.ndarray | None  # the rows' time strings, when scanned
+    value: np.ndarray
+    starts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    @property
+    def passing(self) -> np.ndarray:
+        return np.asarray(np.asarray(self.status_names == "pass", dtype=bool)[self.status])
+
+    @property
+    def ends(self) -> np.ndarray:
+        """One past the last row of each group."""
+        return np.append(self.starts[1:], len(self)).astype(np.int64)
+
+    def group_of(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.starts)), self.ends - self.starts)
+
+
+def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, dictionary) of a dictionary-encoded column, unified across its chunks."""
+    arr = col.combine_chunks()
+    if not pa.types.is_dictionary(arr.type):
+        arr = pc.dictionary_encode(arr)
+    return (np.asarray(arr.indices.to_numpy(zero_copy_only=False), dtype=np.int64),
+            np.asarray(arr.dictionary.to_pylist(), dtype=object))
+
+
+def _rows(table: pa.Table, figures: Sequence[tuple[str, str]] | None) -> _Rows:
+    """Codes, the figure of each row (only ``figures``; all when None), runs in order, one row
+    per node, figure and run (the lower value, should a run hold two), sorted by group."""
+    node, node_names = _codes(table.column("node"))
+    if "pool" in table.column_names:
+        pool, pool_names = _codes(table.column("pool"))
+    else:
+        pool, pool_names = np.zeros(len(node), np.int64), np.asarray([""], dtype=object)
+    check, check_names = _codes(table.column("check"))
+    metric, metric_names = _codes(table.column("metric"))
+    run, run_raw = _codes(table.column("run_id"))
+    status, status_names = _codes(table.column("status"))
+    value = np.asarray(table.column("value").to_numpy(), dtype=np.float64)
+    # Name every (check, metric) pair present once and keep the wanted ones.
+    width = max(len(metric_names), 1)
+    pair = check * width + metric
+    # The pair codes are small (checks x metrics): a lookup table, not np.unique's sort.
+    present = np.zeros(max(len(check_names), 1) * width, dtype=bool)
+    present[pair] = True
+    pairs = np.flatnonzero(present)
+    lookup = np.zeros(len(present), dtype=np.int64)
+    lookup[pairs] = np.arange(len(pairs))
+    slot = lookup[pair]
+    named = [(str(check_names[c // width]), str(metric_names[c % width])) for c in pairs]
+    wanted = set(figures) if figures else None
+    keep = np.array([wanted is None or p in wanted for p in named], dtype=bool)[slot] \
+        if len(slot) else np.zeros(0, dtype=bool)
+    order = np.argsort(run_raw.astype(str), kind="stable")
+    rank = np.empty(len(run_raw), dtype=np.int64)
+    rank[order] = np.arange(len(run_raw))
+    cols: dict[str, np.ndarray] = {
+        "node": node[keep], "pool": pool[keep], "figure": slot[keep], "run": rank[run[keep]],
+        "status": status[keep], "value": value[keep]}
+    if "time" in table.column_names:
+        tcode, tnames = _codes(table.column("time"))
+        cols["time"] = tnames[tcode[keep]]
+    # One int64 key (node, figure, run) and a stable radix-friendly argsort: several times
+    # faster than np.lexsort over the columns at millions of rows.
+    key = (cols["node"] << 40) | (cols["figure"] << 24) | cols["run"]
+    idx = np.argsort(key, kind="stable")
+    if len(idx) > 1 and bool((np.diff(key[idx]) == 0).any()):
+        # A run with two rows for one figure: order by value first so the lower one leads.
+        by_value = np.argsort(cols["value"], kind="stable")
+        idx = by_value[np.argsort(key[by_value], kind="stable")]
+    cols = {k: v[idx] for k, v in cols.items()}
+    n = len(idx)
+    new_group = np.ones(n, dtype=bool)
+    repeat = np.zeros(n, dtype=bool)
+    if n > 1:
+        new_group[1:] = (np.diff(cols["node"]) != 0) | (np.diff(cols["figure"]) != 0)
+        repeat[1:] = ~new_group[1:] & (np.diff(cols["run"]) == 0)
+    first = ~repeat  # the sort put a run's lower value first
+    cols = {k: v[first] for k, v in cols.items()}
+    return _Rows(cols["node"], node_names, cols["pool"], pool_names, cols["figure"], named,
+                 cols["run"], run_raw[order], cols["status"], status_names, cols.get("time"),
+                 cols["value"], np.flatnonzero(new_group[first]))
+
+
+def _lastk_median(r: _Rows, use: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per group: median of the last ``k`` rows where ``use`` is true, and how many there
+    were (NaN and 0 for a group without any)."""
+    groups = len(r.starts)
+    group = r.group_of()
+    # Rank from the end among the used rows of the group: 1 = the latest used row.
+    used_before = np.cumsum(use)  # used rows up to and including this one
+    at_end = np.zeros(groups, dtype=np.int64)
+    if len(r):
+        at_end = used_before[r.ends - 1]
+    rank = at_end[group] - used_before + 1
+    pick = use & (rank <= k)
+    grid = np.full((groups, k), np.nan)
+    grid[group[pick], rank[pick] - 1] = r.value[pick]
+    count = np.minimum(at_end - np.concatenate(([0], at_end[:-1])), k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row: no baseline
+        median = np.nanmedian(grid, axis=1) if groups else np.zeros(0)
+    return median, count
+
+
+def _summary(r: _Rows, settings: BaselineSettings) -> pd.DataFrame:
+    """The latest run of each node and figure against the baseline of the runs before it."""
+    if not len(r):
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    last = r.ends - 1
+    not_latest = np.ones(len(r), dtype=bool)
+    not_latest[last] = False
+    median, used = _lastk_median(r, r.passing & not_latest, settings.k)
+    base = np.where(used >= settings.min_runs, median, np.nan)
+    latest = r.value[last]
+    with np.errstate(all="ignore"):
+        ratio = np.round(latest / np.where(base == 0, np.nan, base), 4)
+    # Last change: the latest row that moved by more than the margin from the row before it.
+    prev = np.concatenate(([np.nan], r.value[:-1]))
+    prev[r.starts] = np.nan
+    with np.errstate(all="ignore"):
+        moved = np.abs(r.value - prev) > settings.margin * np.maximum(np.abs(prev), 1e-12)
+    where = np.where(moved, np.arange(len(r)), -1)
+    change = np.maximum.reduceat(where, r.starts)
+    has = change >= 0
+    pick = np.where(has, change, 0)
+    runs_names = r.run_names.astype(str)
+    return pd.DataFrame({
+        "node": r.node_names[r.node[last]].astype(str),
+        "pool": r.pool_names[r.pool[last]].astype(str),
+        "figure": [figure_name(*r.figures[f]) for f in r.figure[last]],
+        "runs": (r.ends - r.starts).astype(int),
+        "latest_run": runs_names[r.run[last]],
+        "latest": latest,
+        "baseline": base,
+        "baseline_runs": used.astype(int),
+        "ratio": ratio,
+        "below": np.nan_to_num(ratio, nan=1.0) < 1 - settings.margin,
+        "last_change_run": np.where(has, runs_names[r.run[pick]], None),
+        "last_change_from": np.where(has, prev[pick], np.nan),
+        "last_change_to": np.where(has, r.value[pick], np.nan),
+    }, columns=SUMMARY_COLUMNS)
 
 
 def node_series(
-    root: Path,
+    roots: Path | Sequence[Path],
     node: str,
     figures: Sequence[tuple[str, str]] | None = None,
     *,
     exclude_runs: Iterable[str] = (),
 ) -> pd.DataFrame:
     """Every value of ``node``'s figures (all numeric metrics when ``figures`` is None)."""
-    files = run_files(root, exclude=exclude_runs)
-    cond = pc.field("node") == node
-    if figures:
-        cond = cond & pc.field("check").isin(sorted({c for c, _ in figures}))
-    df = _read(files, cond)
-    return _with_figures(df, figures)
-
-
-def nodes_series(
-    root: Path,
-    nodes: Sequence[str],
-    figures: Sequence[tuple[str, str]],
-    *,
-    exclude_runs: Iterable[str] = (),
-) -> pd.DataFrame:
-    """Like :func:`node_series` for several nodes at once (one scan)."""
-    files = run_files(root, exclude=exclude_runs)
-    if not nodes or not figures:
-        return _with_figures(_read([], pc.scalar(True)), figures)
-    cond = pc.field("node").isin(sorted(set(nodes))) & pc.field("check").isin(
-        sorted({c for c, _ in figures})
-    )
-    return _with_figures(_read(files, cond), figures)
-
-
-def _with_figures(df: pd.DataFrame, figures: Sequence[tuple[str, str]] | None) -> pd.DataFrame:
-    for col in ("run_id", "time", "node", "pool", "check", "metric", "status"):
-        df[col] = df[col].astype(str)
-    if figures:
-        wanted = pd.MultiIndex.from_tuples(list(figures))
-        keep = pd.MultiIndex.from_frame(df[["check", "metric"]]).isin(wanted)
-        df = df.loc[keep]
-    names = [figure_name(c, m) for c, m in zip(df["check"], df["metric"], strict=True)]
-    df = df.assign(figure=names)
-    # One value per run and figure: a check that judges several GPUs still writes one row per
-    # metric; should a run hold two, the lower (worse) one speaks for it.
-    df = (
-        df.sort_values(["figure", "run_id", "value"])
-        .drop_duplicates(["node", "figure", "run_id"], keep="first")
-        .sort_values(["node", "figure", "run_id"])
-        .reset_index(drop=True)
-    )
-    return df[["run_id", "time", "node", "pool", "check", "metric", "figure", "value", "status"]]
-
-
-def baseline(values: pd.Series, statuses: pd.Series, settings: BaselineSettings
-             ) -> tuple[float | None, int]:
-    """Median of the last ``k`` passing values (in run order) and how many went into it;
-    ``None`` when fewer than ``min_runs`` passed."""
-    passing = values[statuses.to_numpy() == "pass"].tail(settings.k)
-    if len(passing) < settings.min_runs:
-        return None, len(passing)
-    return float(np.median(passing.to_numpy())), len(passing)
-
-
-def last_change(values: pd.Series, runs: pd.Series, margin: float
-                ) -> tuple[str, float, float] | None:
-    """(run_id, previous value, value) of the latest run that moved by more than ``margin``
-    from the run before it; None when the series never moved that much."""
-    v = values.to_numpy(dtype=float)
-    if len(v) < 2:
-        return None
-    prev = v[:-1]
-    moved = np.abs(v[1:] - prev) > margin * np.maximum(np.abs(prev), 1e-12)
-    idx = np.flatnonzero(moved)
-    if not len(idx):
-        return None
-    i = int(idx[-1]) + 1
-    return str(runs.iloc[i]), float(v[i - 1]), float(v[i])
+    files = run_files(roots, exclude=exclude_runs)
+    r = _rows(_scan(files, "node", [node], _DICT_COLUMNS), figures)
+    pairs = [r.figures[f] for f in r.figure]
+    return pd.DataFrame({
+        "run_id": r.run_names[r.run].astype(str),
+        "time": r.time.astype(str) if r.time is not None else np.full(len(r), ""),
+        "node": r.node_names[r.node].astype(str),
+        "pool": r.pool_names[r.pool].astype(str),
+        "check": [c for c, _ in pairs],
+        "metric": [m for _, m in pairs],
+        "figure": [figure_name(c, m) for c, m in pairs],
+        "value": r.value,
+        "status": r.status_names[r.status].astype(str),
+    }, columns=SERIES_COLUMNS)
 
 
 def summarise(series: pd.DataFrame, settings: BaselineSettings) -> pd.DataFrame:
-    """Per node and figure: the latest value against the baseline of the runs before it."""
-    rows = []
-    for (node, figure), grp in series.groupby(["node", "figure"], sort=True):
-        latest = grp.iloc[-1]
-        base, used = baseline(grp["value"].iloc[:-1], grp["status"].iloc[:-1], settings)
-        change = last_change(grp["value"], grp["run_id"], settings.margin)
-        ratio = None if base in (None, 0) else round(float(latest["value"]) / base, 4)
-        rows.append(
-            {
-                "node": node,
-                "pool": latest["pool"],
-                "figure": figure,
-                "runs": len(grp),
-                "latest_run": latest["run_id"],
-                "latest": float(latest["value"]),
-                "baseline": base,
-                "baseline_runs": used,
-                "ratio": ratio,
-                "below": ratio is not None and ratio < 1 - settings.margin,
-                "last_change_run": change[0] if change else None,
-                "last_change_from": change[1] if change else None,
-                "last_change_to": change[2] if change else None,
-            }
-        )
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    """Per node and figure of a :func:`node_series` frame: the latest value against the
+    baseline of the runs before it."""
+    if series.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    table = pa.Table.from_pandas(
+        series[["run_id", "node", "pool", "check", "metric", "status", "value"]],
+        preserve_index=False)
+    return _summary(_rows(table, None), settings).sort_values(["node", "figure"]).reset_index(
+        drop=True)
 
 
 def fleet_table(
-    root: Path,
+    roots: Path | Sequence[Path],
     settings: BaselineSettings,
     figures: Sequence[tuple[str, str]] | None = None,
 ) -> pd.DataFrame:
-    """Every node's latest value of each figure against its own baseline (vectorised)."""
+    """Every node's latest value of each figure against its own baseline, worst first."""
     figs = list(figures or FIGURES)
-    files = run_files(root)
-    df = _with_figures(_read(files, pc.field("check").isin(sorted({c for c, _ in figs}))), figs)
-    if df.empty:
-        return pd.DataFrame(columns=SUMMARY_COLUMNS)
-    keys = ["node", "figure"]
-    # Position from the end within each node's series of a figure: 0 is the latest run.
-    df["_from_end"] = df.groupby(keys, sort=False).cumcount(ascending=False)
-    latest = df[df["_from_end"] == 0].set_index(keys)
-    runs = df.groupby(keys, sort=False).size()
-    earlier = df[(df["_from_end"] > 0) & (df["status"] == "pass")]
-    lastk = earlier[earlier.groupby(keys, sort=False).cumcount(ascending=False) < settings.k]
-    base = lastk.groupby(keys, sort=False)["value"].agg(["median", "size"])
-    # Last change: consecutive values of one series that moved by more than the margin.
-    prev = df.groupby(keys, sort=False)["value"].shift(1)
-    moved = (df["value"] - prev).abs() > settings.margin * prev.abs().clip(lower=1e-12)
-    changes = df.assign(_prev=prev)[moved.fillna(False)]
-    change = changes.groupby(keys, sort=False).tail(1).set_index(keys)
-    out = latest[["pool", "run_id", "value"]].rename(
-        columns={"run_id": "latest_run", "value": "latest"}
-    )
-    out["runs"] = runs.reindex(out.index).to_numpy()
-    used = base["size"].reindex(out.index).fillna(0).astype(int)
-    out["baseline_runs"] = used.to_numpy()
-    out["baseline"] = base["median"].reindex(out.index).where(used >= settings.min_runs)
-    out["ratio"] = (out["latest"] / out["baseline"].replace(0, np.nan)).round(4)
-    out["below"] = (out["ratio"] < 1 - settings.margin).fillna(False).astype(bool)
-    out["last_change_run"] = change["run_id"].reindex(out.index)
-    out["last_change_from"] = change["_prev"].reindex(out.index)
-    out["last_change_to"] = change["value"].reindex(out.index)
-    out = out.reset_index()
-    return out[SUMMARY_COLUMNS].sort_values(["below", "ratio", "node", "figure"],
-                                            ascending=[False, True, True, True],
-                                            na_position="last").reset_index(drop=True)
+    table = _scan(run_files(roots), "check", sorted({c for c, _ in figs}),
+                  ["run_id", "node", "pool", "check", "metric", "status"])
+    out = _summary(_rows(table, figs), settings)
+    return out.sort_values(["below", "ratio", "node", "figure"],
+                           ascending=[False, True, True, True],
+                           na_position="last").reset_index(drop=True)
 
 
-def empty_table() -> pa.Table:
-    """An empty results table with the columns history reads (for tests and tools)."""
-    return pa.table({c: pa.array([], pa.float64() if c == "value" else pa.string())
-                     for c in _COLUMNS})
+def baselines(
+    roots: Path | Sequence[Path],
+    nodes: Sequence[str],
+    figures: Sequence[tuple[str, str]],
+    settings: BaselineSettings,
+    *,
+    exclude_runs: Iterable[str] = (),
+) -> pd.DataFrame:
+    """For judging a new run: each node's and figure's baseline over *all* its runs in
+    history (``baseline`` is NaN where fewer than ``min_runs`` passed)."""
+    files = run_files(roots, exclude=exclude_runs)
+    if not nodes or not figures or not files:
+        return pd.DataFrame(columns=BASELINE_COLUMNS)
+    r = _rows(_scan(files, "node", sorted(set(nodes)),
+                    ["run_id", "node", "check", "metric", "status"]), figures)
+    if not len(r):
+        return pd.DataFrame(columns=BASELINE_COLUMNS)
+    median, used = _lastk_median(r, r.passing, settings.k)
+    first = r.starts
+    pairs = [r.figures[f] for f in r.figure[first]]
+    return pd.DataFrame({
+        "node": r.node_names[r.node[first]].astype(str),
+        "check": [c for c, _ in pairs],
+        "metric": [m for _, m in pairs],
+        "baseline": np.where(used >= settings.min_runs, median, np.nan),
+        "baseline_runs": used.astype(int),
+    }, columns=BASELINE_COLUMNS)

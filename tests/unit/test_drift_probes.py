@@ -16,9 +16,10 @@ from validate.checks.base import NodeContext
 from validate.drift import labels, performance, probes
 from validate.drift.config import PackageTask
 from validate.drift.model import FindingStatus, Layer
-from validate.history import BaselineSettings
+from validate.history import BaselineSettings, baselines
 from validate.model import CheckResult, Status
 from validate.profiles import load_profile
+from validate.report import write_report
 from validate.transport import CommandResult
 
 # driver 535.54.03, one GPU, persistence off
@@ -159,30 +160,33 @@ def test_busy_node_runs_light_checks_only(fixtures_dir: Path) -> None:
     assert {r.check for r in rows if r.status is Status.PASS} == {"gpu.pcie"}
 
 
-def _row(node: str, check: str, metric: str, value: float, status: Status = Status.PASS
-         ) -> CheckResult:
-    return CheckResult("now", "t", node, "p", "prof", check, metric, value, "GB/s", None,
-                       None, status, "ok", "", 0.1)
+def _row(node: str, check: str, metric: str, value: float, status: Status = Status.PASS,
+         run: str = "now") -> CheckResult:
+    return CheckResult(run, "t", node, "p", "prof", check, metric, value, "GB/s", None,
+                       None, status, "ok" if status is Status.PASS else "x", "", 0.1)
 
 
-def test_judge_against_history() -> None:
-    hist = pd.DataFrame({
-        "run_id": [f"r{i}" for i in range(6)] * 2,
-        "node": ["n1"] * 6 + ["n2"] * 6,
-        "check": ["nccl.allreduce"] * 12, "metric": ["busbw_gbps"] * 12,
-        "value": [100, 101, 5, 99, 100, 102] + [50.0] * 6,
-        "status": ["pass", "pass", "fail", "pass", "pass", "pass"] + ["pass"] * 6})
+def test_judge_against_history(tmp_path: Path) -> None:
+    statuses = [Status.PASS, Status.PASS, Status.FAIL, Status.PASS, Status.PASS, Status.PASS]
+    for i, (v1, st) in enumerate(zip([100, 101, 5, 99, 100, 102], statuses, strict=True)):
+        run = f"2026010{i}T000000Z"
+        write_report([_row("n1", "nccl.allreduce", "busbw_gbps", v1, st, run),
+                      _row("n2", "nccl.allreduce", "busbw_gbps", 50.0, Status.PASS, run)],
+                     tmp_path, run)
+    bases = baselines(tmp_path, ["n1", "n2", "n3"], [("nccl.allreduce", "busbw_gbps")],
+                      BaselineSettings())
     nodes = {n: _node(n, gpuready_drift_margins={"nccl_busbw_gbps": 0.5} if n == "n2" else {})
              for n in ("n1", "n2", "n3")}
     rows = [_row("n1", "nccl.allreduce", "busbw_gbps", 85.0),
             _row("n2", "nccl.allreduce", "busbw_gbps", 30.0),
             _row("n3", "nccl.allreduce", "busbw_gbps", 30.0)]
-    out_rows, findings = performance.judge(rows, nodes, hist, BaselineSettings(),
+    out_rows, findings = performance.judge(rows, nodes, bases, BaselineSettings(),
                                            "gpuready_drift_margins")
     by = {f.node: f for f in findings}
+    # The failing run is not part of the baseline: median of 100, 101, 99, 100, 102.
     assert by["n1"].status is FindingStatus.DRIFT and "baseline 100" in by["n1"].declared
     assert "15% below the median 100 of the last 5 passing runs" in by["n1"].detail
-    assert "n2" not in by or by["n2"].status is not FindingStatus.DRIFT  # 40% < its 50% margin
+    assert "n2" not in by  # 40% below, inside its own 50% margin
     assert by["n3"].status is FindingStatus.SKIPPED and "0 passing run" in by["n3"].detail
     drifted = next(r for r in out_rows if r.node == "n1")
     assert (drifted.status, drifted.code) == (Status.WARN, performance.CODE_BELOW)

@@ -87,8 +87,8 @@ def add_parsers(sub: Any, default_out: Path) -> list[Any]:
                                        "latest values against their baselines")
     h.add_argument("root", type=Path, help="reports root (the directory holding run dirs)")
     h.add_argument("--node", help="one node: its figures' baseline and last change")
-    h.add_argument("--figure", help="with --node: the whole series of this figure "
-                                    "(nccl_busbw_gbps or CHECK:METRIC)")
+    h.add_argument("--figure", help="only this figure (nccl_busbw_gbps or CHECK:METRIC); with "
+                                    "--node, its whole series")
     _baseline_args(h)
     h.add_argument("--format", choices=("table", "csv", "json"), default="table")
     return [d, h]
@@ -139,13 +139,10 @@ def _emit(df: pd.DataFrame, fmt: str, stdout: TextIO) -> None:
 
 def cmd_history(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     settings = _settings(args)
-    if args.figure and not args.node:
-        stderr.write("error: --figure needs --node\n")
-        return ExitCode.USAGE_OR_TOOL_ERROR
-    if not args.node:
-        _emit(fleet_table(args.root, settings), args.format, stdout)
-        return ExitCode.OK
     figures = [parse_figure(args.figure)] if args.figure else None
+    if not args.node:
+        _emit(fleet_table(args.root, settings, figures), args.format, stdout)
+        return ExitCode.OK
     series = node_series(args.root, args.node, figures)
     if series.empty:
         stderr.write(f"error: no figures of node {args.node!r} under {args.root}\n")

@@ -26,7 +26,7 @@ from validate import runner
 from validate.checks import Check
 from validate.drift.model import Finding, FindingStatus, Layer
 from validate.drift.probes import NodeProbe
-from validate.history import FIGURES, BaselineSettings, baseline, figure_name
+from validate.history import FIGURES, BaselineSettings, figure_name
 from validate.inventory import Node
 from validate.model import CheckResult, Status
 from validate.profiles import Profile
@@ -80,15 +80,16 @@ def margin_for(node: Node, figure: str, default: float, margins_var: str) -> flo
     return default
 
 
-def judge(rows: Sequence[CheckResult], nodes: Mapping[str, Node], history: pd.DataFrame,
+def judge(rows: Sequence[CheckResult], nodes: Mapping[str, Node], bases: pd.DataFrame,
           settings: BaselineSettings, margins_var: str
           ) -> tuple[list[CheckResult], list[Finding]]:
-    """Each figure row against the node's baseline; returns the rows (drifted ones as warn)
-    and the findings (drift, or skipped with the reason)."""
+    """Each figure row against the node's baseline (``bases``: validate.history.baselines);
+    returns the rows (drifted ones as warn) and the findings (drift, or skipped with the
+    reason)."""
     out_rows: list[CheckResult] = []
     findings: list[Finding] = []
-    groups = {key: grp for key, grp in history.groupby(["node", "check", "metric"], sort=False)
-              } if not history.empty else {}
+    known = {(r.node, r.check, r.metric): (r.baseline, int(r.baseline_runs))
+             for r in bases.itertuples(index=False)}
     for row in rows:
         node = nodes[row.node]
         item = f"{row.check} {row.metric}".strip()
@@ -107,10 +108,8 @@ def judge(rows: Sequence[CheckResult], nodes: Mapping[str, Node], history: pd.Da
             continue
         figure = figure_name(row.check, row.metric)
         margin = margin_for(node, figure, settings.margin, margins_var)
-        grp = groups.get((row.node, row.check, row.metric))
-        base, used = (None, 0) if grp is None else baseline(grp["value"], grp["status"],
-                                                           settings)
-        if base is None:
+        base, used = known.get((row.node, row.check, row.metric), (None, 0))
+        if base is None or pd.isna(base):
             findings.append(Finding(
                 row.node, row.pool, Layer.PERFORMANCE, item, "a baseline", f"{row.value:g}",
                 FindingStatus.SKIPPED,

@@ -31,7 +31,7 @@ from validate.drift import config, labels, performance, probes
 from validate.drift import report as drift_report
 from validate.drift.declared import MARGINS_VAR
 from validate.drift.model import Finding, FindingStatus, Layer, exit_code, merged
-from validate.history import FIGURES, BaselineSettings, nodes_series
+from validate.history import BASELINE_COLUMNS, FIGURES, BaselineSettings, baselines
 from validate.inventory import Node, load
 from validate.model import CheckResult, ExitCode
 from validate.profiles import ProfileError, load_profile
@@ -84,17 +84,12 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{runner.new_run_id(now)}-drift-{secrets.token_hex(2)}"
 
 
-def _history(opts: DriftOptions, nodes: Sequence[Node], figures: list[tuple[str, str]]
-             ) -> pd.DataFrame:
-    roots = opts.history or (opts.out,)
-    frames = [nodes_series(root, [n.name for n in nodes], figures)
-              for root in dict.fromkeys(roots) if root.is_dir()]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
-        return pd.DataFrame(columns=["run_id", "node", "check", "metric", "value", "status"])
-    df = pd.concat(frames, ignore_index=True)
-    return df.drop_duplicates(["run_id", "node", "check", "metric"]).sort_values(
-        ["node", "check", "metric", "run_id"]).reset_index(drop=True)
+def _baselines(opts: DriftOptions, nodes: Sequence[Node], figures: list[tuple[str, str]]
+               ) -> pd.DataFrame:
+    roots = [root for root in dict.fromkeys(opts.history or (opts.out,)) if root.is_dir()]
+    if not roots:
+        return pd.DataFrame(columns=BASELINE_COLUMNS)
+    return baselines(roots, [n.name for n in nodes], figures, opts.baseline)
 
 
 def _one_node(node: Node, opts: DriftOptions, run_id: str, perf: Sequence[check_registry.Check],
@@ -135,7 +130,8 @@ def run_drift(
     pools = {n.name: n.pool for n in nodes}
     by_name = {n.name: n for n in nodes}
     figures = [f for f in FIGURES if f[0] in {c.id for c in perf}]
-    history = _history(opts, nodes, figures) if perf else pd.DataFrame()
+    history = _baselines(opts, nodes, figures) if perf else pd.DataFrame(
+        columns=BASELINE_COLUMNS)
     timings: dict[str, float] = {}
 
     check_result: list[config.CheckModeResult] = []
