@@ -243,3 +243,15 @@ def test_labels_layer_reads_and_survives_api_errors(fail: bool, fixtures_dir: Pa
     assert [(x.status, x.item) for x in f] == (
         [(FindingStatus.ERROR, "Node object")] if fail
         else [(FindingStatus.DRIFT, "label gpuready.example/ok")])
+
+
+def test_a_failing_tool_costs_only_its_own_probe(fixtures_dir: Path) -> None:
+    hung = (lambda argv: CommandResult(argv, -1, "", "", 10.0, True))
+    p = _probe(fixtures_dir, over={
+        ("systemctl", "is-active"): _out("active\ninactive\nactive\nactive\n", rc=3),
+        ("systemctl", "is-enabled"): hung})
+    errors = [(f.layer.value, f.item, f.actual) for f in p.findings
+              if f.status is FindingStatus.ERROR]
+    assert errors == [("runtime", "services", "tool.timeout")]
+    # the probes after it still ran
+    assert ("runtime", "persistence mode") in _items(p)

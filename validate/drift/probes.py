@@ -91,18 +91,21 @@ class Prober:
         self.finding(layer, item, "readable", exc.code, FindingStatus.ERROR, exc.detail, source)
 
     def run(self) -> NodeProbe:
-        """Every probe; a lost connection ends the node with one ``unreachable`` finding."""
+        """Every probe; a lost connection ends the node with one ``unreachable`` finding, a
+        tool that fails costs only its own probe."""
         try:
             self.out.container = self._container()
-            self._kernel()
-            self._packages()
-            self._nvidia_smi()
-            self._driver()
-            self._services()
-            self._persistence()
-            self._containerd_runtime()
-            self._modules()
-            self._compute_apps()
+            for name, step in (("kernel", self._kernel), ("packages", self._packages),
+                               ("nvidia-smi", self._nvidia_smi), ("driver", self._driver),
+                               ("services", self._services),
+                               ("persistence", self._persistence),
+                               ("containerd", self._containerd_runtime),
+                               ("modules", self._modules), ("compute apps", self._compute_apps)):
+                try:
+                    step()
+                except ToolFailure as exc:
+                    self.error(Layer.RUNTIME if name in ("services", "modules", "containerd")
+                               else Layer.VERSIONS, name, exc, name)
         except TransportError as exc:
             self.out.unreachable = exc.reason
             status = (FindingStatus.UNREACHABLE if exc.code != "tool.timeout"
