@@ -316,8 +316,10 @@ def test_drift_playbook_runs_the_same_check(
     """playbooks/drift.yml fails with drift's exit code (the PCIe figure of node6 only, against
     the module's history: no check mode, so it is quick)."""
     del injected  # ordering only
+    private = lab.artifacts / "drift-play"
+    private.mkdir()
     run = ansible_runner.run(
-        private_data_dir=str(lab.artifacts / "drift-play"), project_dir=str(REPO_ROOT),
+        private_data_dir=str(private), project_dir=str(REPO_ROOT),
         playbook=str(REPO_ROOT / "playbooks" / "drift.yml"),
         inventory=str(lab.paths.inventory_dir), quiet=True,
         envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),

@@ -246,7 +246,9 @@ def test_labels_layer_reads_and_survives_api_errors(fail: bool, fixtures_dir: Pa
 
 
 def test_a_failing_tool_costs_only_its_own_probe(fixtures_dir: Path) -> None:
-    hung = (lambda argv: CommandResult(argv, -1, "", "", 10.0, True))
+    def hung(argv: tuple[str, ...]) -> CommandResult:
+        return CommandResult(argv, -1, "", "", 10.0, True)
+
     p = _probe(fixtures_dir, over={
         ("systemctl", "is-active"): _out("active\ninactive\nactive\nactive\n", rc=3),
         ("systemctl", "is-enabled"): hung})
