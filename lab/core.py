@@ -25,7 +25,8 @@ REQUIRED_TOOLS = ("systemd-nspawn", "debootstrap", "nsenter", "ssh-keygen", "gpg
                   "dpkg-scanpackages", "mount", "umount")
 BOOT_TIMEOUT_S = 90.0
 # Faults that act on the running host rather than on what the simulators print.
-RUNTIME_FAULTS = ("ssh-down", "xid-79", "xid-48")
+RUNTIME_FAULTS = ("ssh-down", "xid-79", "xid-48", "gpu-busy")
+GPU_JOB_UNIT = "gpuready-lab-gpu-job"
 
 
 @dataclass(frozen=True)
@@ -197,11 +198,33 @@ def apply_runtime_faults(paths: LabPaths, name: str, faults: tuple[str, ...],
         hosts_mod.host_exec(paths, name, ["systemctl", "stop", "ssh.socket", "ssh.service"])
     elif "ssh-down" in previous:
         hosts_mod.host_exec(paths, name, ["systemctl", "start", "ssh.service"])
+    if "gpu-busy" in faults and "gpu-busy" not in previous:
+        _start_gpu_job(paths, name, deadline)
+    elif "gpu-busy" in previous and "gpu-busy" not in faults:
+        hosts_mod.host_exec(paths, name, ["systemctl", "stop", GPU_JOB_UNIT])
     if {"xid-79", "xid-48"} & set(faults):
         proc = hosts_mod.host_exec(paths, name, ["python3", "/opt/gpuready-lab/sim/lab_kmsg.py"])
         if proc.returncode != 0:
             raise LabError(f"{name}: injecting Xid kernel messages failed: "
                            f"{(proc.stderr or proc.stdout).strip()}")
+
+
+def _start_gpu_job(paths: LabPaths, name: str, deadline: float) -> None:
+    """A process holding GPU 0 (lab/sim/gpu_job.py) as a transient unit; wait until it holds."""
+    argv = ["systemd-run", f"--unit={GPU_JOB_UNIT}", "--collect",
+            "--description=gpuready lab simulator: a GPU job (gpu-busy fault)",
+            "/bin/bash", "-c", f"exec -a {GPU_JOB_UNIT} python3 /opt/gpuready-lab/sim/gpu_job.py 0"]
+    hosts_mod.host_exec(paths, name, ["rm", "-f", "/run/gpuready-lab/gpu-job.ready"])
+    proc = hosts_mod.host_exec(paths, name, argv)
+    if proc.returncode != 0:
+        raise LabError(f"{name}: starting the GPU job failed: "
+                       f"{(proc.stderr or proc.stdout).strip()}")
+    while time.monotonic() < deadline:
+        if hosts_mod.host_exec(paths, name, ["test", "-e", "/run/gpuready-lab/gpu-job.ready"]
+                               ).returncode == 0:
+            return
+        time.sleep(0.2)
+    raise LabError(f"{name}: the GPU job did not start in time")
 
 
 def set_faults(paths: LabPaths, name: str, add: list[str], remove: list[str],

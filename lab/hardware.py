@@ -55,6 +55,8 @@ FAULTS: dict[str, str] = {
     "xid-79": "the kernel log carries an Xid 79 (GPU has fallen off the bus) for one GPU",
     "xid-48": "the kernel log carries an Xid 48 (double bit ECC error) for one GPU",
     "nccl-low-busbw": "all_reduce_perf reports bus bandwidth well below the node's healthy peak",
+    "nccl-busbw-drop": "all_reduce_perf bus bandwidth ~15% below the node's usual, still above "
+                       "the profile's floors (only the node's own history shows it)",
     "nccl-wrong-results": "all_reduce_perf reports a non-zero #wrong count (data corruption)",
     "tool-hang": "GPU tools (nvidia-smi, ...) hang forever before printing anything",
     "driver-not-loaded": "no NVIDIA kernel module: nvidia-smi says it cannot talk to the driver",
@@ -63,6 +65,7 @@ FAULTS: dict[str, str] = {
     "driver-install-fail": "installing the NVIDIA driver package fails in its postinst (DKMS)",
     "join-fails": "the cluster's API server refuses the host's kubeadm join (admission denial)",
     "gfd-mismatch": "GPU Feature Discovery labels the node with another GPU product",
+    "gpu-busy": "a GPU job holds GPU 0: nvidia-smi --query-compute-apps lists its process",
 }
 
 

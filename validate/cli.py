@@ -14,6 +14,8 @@ call it in-process with their own streams; a closed or broken stream never stops
     python -m validate checks                    list check ids
     python -m validate gate -i <inventory> [--run DIR] [--dry-run]   label and admit nodes
                                                  (validate/gate.py)
+    python -m validate drift -i <inventory> ...  read-only drift check (validate/drift/cli.py)
+    python -m validate history <reports root>    figures over past runs, against baselines
 """
 
 from __future__ import annotations
@@ -39,10 +41,14 @@ from typing import Any, TextIO, cast
 
 from validate import checks as check_registry
 from validate import gate, runinfo, runner
+from validate.drift import cli as drift_cli
+from validate.history import HistoryError
 from validate.inventory import InventoryError, Node, load
 from validate.model import CheckResult, ExitCode
 from validate.parsers import (
     ParseError,
+    containerd_config,
+    dpkg_query,
     fio,
     ibstat,
     nccl,
@@ -71,6 +77,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     ibstat.FORMAT: ibstat.parse_report,
     ibstat.IBSTATUS_FORMAT: ibstat.parse_ibstatus,
     xid.FORMAT: xid.parse,
+    dpkg_query.FORMAT: dpkg_query.parse,
+    containerd_config.FORMAT: containerd_config.parse_runtimes,
 }
 
 
@@ -161,7 +169,7 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     gt.add_argument("--kubeconfig", type=Path,
                     help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
     gt.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
-    for parser in (p, r, ps, rp, ck, gt):
+    for parser in (p, r, ps, rp, ck, gt, *drift_cli.add_parsers(sub, DEFAULT_OUT)):
         parser.streams = (stdout, stderr)
     return p
 
@@ -436,6 +444,10 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
             return int(gate.cmd_gate(args.inventory, args.run, limit=args.limit,
                                      dry_run=args.dry_run, kubeconfig=args.kubeconfig,
                                      prefix=args.prefix, stdout=out, stderr=err))
+        if args.cmd == "drift":
+            return int(drift_cli.cmd_drift(args, out, err))
+        if args.cmd == "history":
+            return int(drift_cli.cmd_history(args, out, err))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
         return ExitCode.OK
@@ -445,7 +457,7 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
         err.write(f"parse error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
     except (InventoryError, ProfileError, check_registry.UnknownCheck, RunDirError,
-            _Failed) as exc:
+            HistoryError, _Failed) as exc:
         err.write(f"error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
     except (OSError, ValueError) as exc:

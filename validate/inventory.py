@@ -58,6 +58,13 @@ _USED_VARS = (
     "gpuready_kubeconfig",
     "gpuready_label_prefix",
     "node_join_node_name",
+    # drift (validate/drift): role inputs the live probes compare against, and its settings
+    "nvidia_driver_persistenced_enabled",
+    "nvidia_driver_peermem_fabrics",
+    "gpu_kernel_prereqs_modules",
+    "nvidia_container_toolkit_runtime_name",
+    "gpuready_kernel_release",
+    "gpuready_drift_margins",
 )
 
 

@@ -45,7 +45,8 @@ writeBenchmarkLinePreamble/Body/Terminator, writeResultFooter, writeErrors):
 writer does). experiment_name is the collective's name (AllReduce, ...): an assumption, the
 call site was not read.
 
-Faults (faults.json): nccl-low-busbw (peak ~40% lower), nccl-wrong-results (#wrong > 0 on
+Faults (faults.json): nccl-low-busbw (peak ~40% lower), nccl-busbw-drop (peak 15% lower: a
+drop only history shows), nccl-wrong-results (#wrong > 0 on
 the largest sizes, `FAILED`, exit 1), tool-hang (prints nothing and never returns until killed),
 driver-not-loaded (CUDA 'no CUDA-capable device is detected'), gpu-missing (the
 highest-index GPU is gone, so asking for all GPUs fails with 'invalid device ordinal'). An
@@ -442,6 +443,8 @@ class Sim:
         peak_busbw = float(hw.get("nccl", {}).get("allreduce_busbw_peak_gbps", 100.0))
         if "nccl-low-busbw" in faults:
             peak_busbw *= 0.6
+        elif "nccl-busbw-drop" in faults:
+            peak_busbw *= 0.85
         latency = LATENCY_US_NVLINK if hw.get("nvswitch") else LATENCY_US_PCIE
         if self.tool == "all_reduce_perf":
             factor = 2.0 * (n_ranks - 1) / n_ranks

@@ -14,13 +14,17 @@ Inputs, read on every invocation so the lab can change them while the host runs:
 - ``$GPUREADY_LAB_RUN`` (default ``/run/gpuready-lab``): simulated kernel state; the file
   ``nvidia-module-version`` is the loaded kernel module's version (tmpfs: gone after reboot).
 - ``/proc/*/comm``: persistence mode is Enabled only while nvidia-persistenced runs.
+- ``/proc/*/fd``: a process that holds ``$GPUREADY_LAB_RUN/dev/nvidia<N>`` open (the lab's
+  stand-in for the GPU's device node; the gpu-busy fault's job does) has a compute context on
+  GPU N, as NVML reports a process with a context on the real device.
 
 Output is shaped like the real tool of the 535/550 driver generation (the real captures in
 tests/fixtures are the reference). "gpuready lab simulator" appears only in the banners
 (--version, -h) and as a note under the default table, never inside data output.
 
 Supported: (no args) table, -L, -q [-i N] [-x], --query-gpu=... --format=csv[,noheader][,nounits]
-[-i N], topo -m, nvlink -s/--status [-i N], --version, -h. Faults: gpu-missing,
+[-i N], --query-compute-apps=... --format=csv[,noheader][,nounits], topo -m, nvlink -s/--status
+[-i N], --version, -h. Faults: gpu-missing,
 ecc-uncorrectable, row-remap-pending, pcie-degraded, nvlink-down, tool-hang, driver-not-loaded.
 """
 
@@ -935,6 +939,59 @@ def _query_fields() -> dict[str, Field]:
 QUERY_FIELDS = _query_fields()
 
 
+# --------------------------------------------------------------------------------------------
+# --query-compute-apps: processes holding a simulated GPU's device node open
+# --------------------------------------------------------------------------------------------
+
+AppField = tuple[str, Callable[[dict[str, Any], int, str, int], str]]  # (unit, getter)
+APP_FIELDS: dict[str, AppField] = {
+    "timestamp": ("", lambda _g, _p, _n, _m: _ts_csv(time.time())),
+    "gpu_name": ("", lambda g, _p, _n, _m: str(g["name"])),
+    "gpu_bus_id": ("", lambda g, _p, _n, _m: str(g["pci_bus_id"])),
+    "gpu_serial": ("", lambda g, _p, _n, _m: str(g["serial"])),
+    "gpu_uuid": ("", lambda g, _p, _n, _m: str(g["uuid"])),
+    "pid": ("", lambda _g, p, _n, _m: str(p)),
+    "process_name": ("", lambda _g, _p, n, _m: n),
+    "name": ("", lambda _g, _p, n, _m: n),
+    "used_gpu_memory": ("MiB", lambda _g, _p, _n, m: str(m)),
+    "used_memory": ("MiB", lambda _g, _p, _n, m: str(m)),
+}
+
+
+def compute_apps(node: Node) -> list[tuple[dict[str, Any], int, str, int]]:
+    """(gpu, pid, process name, used MiB) for every process with a simulated device open."""
+    devices = {str(_run_dir() / "dev" / f"nvidia{g['index']}"): g for g in node.gpus}
+    found = []
+    for proc in sorted(Path("/proc").glob("[0-9]*"), key=lambda p: int(p.name)):
+        try:
+            targets = {os.readlink(fd) for fd in (proc / "fd").iterdir()}
+            argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue  # gone, or not ours to read
+        for path, gpu in devices.items():
+            if path in targets:
+                pid = int(proc.name)
+                # A job's footprint, stable per process: what NVML would report as its usage.
+                found.append((gpu, pid, argv0, 1024 + (pid * 7919) % 30000))
+    return sorted(found, key=lambda app: (app[0]["index"], app[1]))
+
+
+def render_compute_apps(node: Node, names: list[str], fmt: set[str]) -> str:
+    units = "nounits" not in fmt
+    lines = []
+    if "noheader" not in fmt:
+        lines.append(", ".join(f"{n} [{APP_FIELDS[n][0]}]" if APP_FIELDS[n][0] else n
+                               for n in names))
+    for gpu, pid, name, mem in compute_apps(node):
+        cells = []
+        for field in names:
+            unit, getter = APP_FIELDS[field]
+            value = getter(gpu, pid, name, mem)
+            cells.append(f"{value} {unit}" if unit and units else value)
+        lines.append(", ".join(cells))
+    return "".join(line + "\n" for line in lines)
+
+
 def render_query_gpu(node: Node, gpus: list[dict[str, Any]], names: list[str],
                      fmt: set[str]) -> str:
     units = "nounits" not in fmt
@@ -1000,6 +1057,7 @@ nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...
   SELECTIVE QUERY OPTIONS:
 
     --query-gpu                 Information about GPU.
+    --query-compute-apps        List of currently active compute processes.
     --format=                   Comma separated list of format options:
                                   csv - comma separated values (MANDATORY)
                                   noheader - skip the first line with column headers
@@ -1067,6 +1125,9 @@ def _parse(argv: list[str]) -> dict[str, Any]:
             opts["id"] = arg.split("=", 1)[1]
         elif arg.startswith("--query-gpu="):
             opts["mode"] = "query-gpu"
+            opts["fields"] = [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]
+        elif arg.startswith("--query-compute-apps="):
+            opts["mode"] = "query-compute-apps"
             opts["fields"] = [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]
         elif arg.startswith("--format="):
             opts["format"] = {f.strip() for f in arg.split("=", 1)[1].split(",")}
@@ -1145,17 +1206,21 @@ def main(argv: list[str]) -> int:
         sys.stdout.write("No devices were found\n")
         return RC_NOT_FOUND
     mode = opts["mode"]
-    if mode == "query-gpu":
+    if mode in ("query-gpu", "query-compute-apps"):
         fmt = opts["format"]
         if not fmt or "csv" not in fmt:
             sys.stdout.write('"--format=" switch is missing. Please run \'nvidia-smi -h\' '
                              "for help.\n")
             return RC_INVALID_ARG
+        known = QUERY_FIELDS if mode == "query-gpu" else APP_FIELDS
         for name in opts["fields"] or []:
-            if name not in QUERY_FIELDS:
+            if name not in known:
                 sys.stdout.write(f'Field "{name}" is not a valid field to query.\n\n')
                 return RC_INVALID_ARG
-        sys.stdout.write(render_query_gpu(node, gpus, opts["fields"] or [], fmt))
+        if mode == "query-compute-apps":
+            sys.stdout.write(render_compute_apps(node, opts["fields"] or [], fmt))
+        else:
+            sys.stdout.write(render_query_gpu(node, gpus, opts["fields"] or [], fmt))
     elif mode == "query":
         sys.stdout.write(render_xml(node, gpus) if opts["xml"] else render_query(node, gpus))
     elif mode == "list":

@@ -82,3 +82,13 @@ def ssh(host_address: str, command: str, timeout: float = 60,
 def lab_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "lab", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300, check=False)
+
+
+def print_past_capture(request: pytest.FixtureRequest, text: str) -> None:
+    """Print ``text`` even without -s: a lab module's wall time is a CI budget item."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            print(f"\n{text}")
+    else:
+        print(text)

@@ -38,6 +38,8 @@ REAL = {
     "ibstatus": "ibstat/ibstatus-a100-hdr200-all-active.txt",
     "xid": "dmesg-xid/xid63-row-remapper-new-row-marked.txt",
     "nvidia-smi-csv": "nvidia-smi-csv/tesla-p100-query-gpu-header-units.csv",
+    "dpkg-query": "drift-lab/dpkg-query-show-debian12-converged-node.txt",
+    "containerd-config-dump": "drift-lab/containerd-1.6.20-config-dump-nvidia-runtime.toml",
 }
 
 

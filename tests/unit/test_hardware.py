@@ -24,7 +24,8 @@ CONTRACT_FAULTS = {
     "gpu-missing", "ecc-uncorrectable", "row-remap-pending", "pcie-degraded", "nvlink-down",
     "xid-79", "xid-48", "nccl-low-busbw", "nccl-wrong-results", "tool-hang",
     "driver-not-loaded", "ib-port-down", "ssh-down", "driver-install-fail",
-    "join-fails", "gfd-mismatch",
+    "join-fails", "gfd-mismatch",  # the cluster (issue 7)
+    "nccl-busbw-drop", "gpu-busy",  # drift (issue 10)
 }
 
 

@@ -1,0 +1,77 @@
+"""`python -m validate drift` and `history` through the one main(): usage errors, a node that
+refuses connections (a real closed port, through real Ansible and paramiko), and the history
+views."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from validate import cli
+from validate.model import CheckResult, ExitCode, Status
+from validate.report import write_report
+
+# Inside this worktree's loopback range; nothing listens on this port.
+DEAD = {"ansible_host": "127.0.16.250", "ansible_port": 9}
+
+
+def _main(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.main(list(argv), stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    rc, _, err = _main("drift", "-i", str(tmp_path), "--layers", "configuration,bogus")
+    assert rc == ExitCode.USAGE_OR_TOOL_ERROR and "unknown layer" in err
+    rc, _, err = _main("drift", "-i", str(tmp_path / "nope"), "--out", str(tmp_path))
+    assert rc == ExitCode.USAGE_OR_TOOL_ERROR and "does not exist" in err
+    rc, _, err = _main("history", str(tmp_path), "--node", "n1", "--figure", "busbw")
+    assert rc == ExitCode.USAGE_OR_TOOL_ERROR and "unknown figure" in err
+
+
+def test_unreachable_node_exits_3_and_stays_in_the_table(tmp_path: Path) -> None:
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {
+        "children": {"pool_l40s_pcie": {"hosts": {"dead1": DEAD}}}}}}}))
+    (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump({
+        "gpu_profile": "l40s-pcie-48gb-4x", "nvidia_driver_version": "550.90.07",
+        "gpu_pool": {"accelerator": "l40s-48gb", "topology": "4gpu-pcie", "fabric": "ethernet",
+                     "workload": "inference", "sharing": "time-slicing"},
+        "ansible_ssh_common_args": "-o ConnectTimeout=5"}))
+    out = tmp_path / "reports"
+    rc, stdout, stderr = _main("drift", "-i", str(inv), "--out", str(out), "--timeout", "5",
+                               "--accept-unknown-host-keys")
+    assert rc == ExitCode.UNREACHABLE, stdout + stderr
+    run = Path(next(ln for ln in stdout.splitlines() if ln.startswith("report: "))[8:])
+    table = pd.read_parquet(run / "drift.parquet")
+    ssh = table[(table["node"] == "dead1") & (table["item"] == "ssh")]
+    assert list(ssh["status"]) == ["unreachable"]
+    # both sources saw it (probes over paramiko, check mode over OpenSSH): one finding
+    assert "probe" in ssh["source"].iloc[0] and "check mode" in ssh["source"].iloc[0]
+    assert "gpuready_drift_run_status 3" in (run / "metrics.prom").read_text()
+    assert json.loads((run / "drift.json").read_text())["exit_code"] == 3
+
+
+def test_history_views(tmp_path: Path) -> None:
+    for i, value in enumerate([100.0, 101.0, 99.0, 70.0]):
+        run = f"2026010{i}T000000Z"
+        write_report([CheckResult(run, "t", "n1", "p", "prof", "nccl.allreduce", "busbw_gbps",
+                                  value, "GB/s", None, None, Status.PASS, "ok", "", 0.1)],
+                     tmp_path, run)
+    rc, out, _ = _main("history", str(tmp_path), "--node", "n1", "--figure", "nccl_busbw_gbps")
+    assert rc == 0
+    assert "baseline (median of last 3 passing runs before the latest): 100" in out
+    assert "last change: 20260103T000000Z: 99 -> 70" in out
+    rc, out, _ = _main("history", str(tmp_path), "--format", "json")
+    fleet = json.loads(out)
+    assert rc == 0 and fleet[0]["node"] == "n1" and fleet[0]["below"] is True
+    rc, out, _ = _main("history", str(tmp_path), "--figure", "pcie_gen")
+    assert rc == 0 and out == "(no rows)\n"
+    rc, out, _ = _main("history", str(tmp_path), "--node", "n1", "--format", "csv")
+    assert rc == 0 and out.startswith("node,pool,figure,") and "nccl_busbw_gbps" in out

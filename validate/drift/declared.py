@@ -1,0 +1,66 @@
+"""What the inventory (and, where it is silent, the roles' defaults) declares for a node.
+
+The check-mode run reads most of the declared state from the roles themselves (package pins,
+holds, files, services come out of its events). The live probes need a few role inputs too:
+those are read here, inventory first, then the role's own ``defaults/main.yml`` (the value
+Ansible would use when the inventory does not set it). Only plain values are read this way; a
+default that is a Jinja expression is not evaluated and reads as unset.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from validate.inventory import Node
+
+ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
+
+# Drift settings an inventory may set per pool or host.
+MARGINS_VAR = "gpuready_drift_margins"  # {figure: fraction}, e.g. {fio_seq_read_mibps: 0.9}
+KERNEL_VAR = "gpuready_kernel_release"  # optional kernel pin ("6.1.0-26-amd64")
+
+
+@functools.cache
+def _role_defaults(role: str) -> dict[str, Any]:
+    path = ROLES_DIR / role / "defaults" / "main.yml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def role_default(role: str, var: str) -> Any:
+    """``var`` from ``roles/<role>/defaults/main.yml`` (None when absent or templated)."""
+    value = _role_defaults(role).get(var)
+    if isinstance(value, str) and "{{" in value:
+        return None
+    return value
+
+
+def declared(node: Node, role: str, var: str) -> Any:
+    """The inventory's value of ``var`` for ``node``, else the role's default."""
+    if var in node.vars:
+        return node.vars[var]
+    return role_default(role, var)
+
+
+def as_bool(value: Any, default: bool) -> bool:
+    """Ansible's truthiness for a variable that may come as a string ("yes", "false")."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on", "y")
+    return bool(value)
+
+
+def as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]

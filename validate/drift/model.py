@@ -1,0 +1,128 @@
+"""What a drift run finds: one :class:`Finding` per node, layer and item.
+
+A finding's ``status`` says what kind of news it is:
+
+- ``drift``: the node differs from what the inventory declares (exit code 1);
+- ``skipped``: the item was deliberately not checked (a heavy test on a node with GPU work, a
+  figure with too little history), with the reason in ``detail``;
+- ``unavailable``: the layer cannot be compared yet (labels and taints until the gate lands);
+- ``error``: a probe or the check-mode run could not answer (exit code 2);
+- ``unreachable``: the node could not be reached at all (exit code 3).
+
+Items are named the same way by every source that can see them, so a service that check mode
+would start and that ``systemctl is-active`` calls inactive is one finding, not two:
+
+========================  =================================================================
+layer                     items
+========================  =================================================================
+configuration             a managed path (``/etc/sysctl.d/90-gpuready.conf``), else
+                          ``<role>: <task>``
+versions                  ``kernel``, ``driver module``, ``driver library``,
+                          ``driver module/library``, ``package <name>``, ``hold <name>``
+runtime                   ``service <unit>``, ``persistence mode``, ``module <name>``,
+                          ``containerd runtime <name>``
+labels                    ``label <key>``, ``taint <key>``, ``annotation <key>``
+performance               ``<check> <metric>`` (``nccl.allreduce busbw_gbps``)
+========================  =================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from validate.model import ExitCode
+
+
+class Layer(StrEnum):
+    """Where a node can drift, in the order reports list them."""
+
+    CONFIGURATION = "configuration"
+    VERSIONS = "versions"
+    RUNTIME = "runtime"
+    LABELS = "labels"
+    PERFORMANCE = "performance"
+
+
+class FindingStatus(StrEnum):
+    """What kind of news a finding is (module docstring)."""
+
+    DRIFT = "drift"
+    SKIPPED = "skipped"
+    UNAVAILABLE = "unavailable"
+    ERROR = "error"
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One row of the drift table (``since`` is added from history when the run is written).
+
+    ``declared``/``actual`` are short human strings; ``detail`` carries the diff or the reason;
+    ``source`` says which probe or check-mode task saw it."""
+
+    node: str
+    pool: str
+    layer: Layer
+    item: str
+    declared: str
+    actual: str
+    status: FindingStatus = FindingStatus.DRIFT
+    detail: str = ""
+    source: str = ""
+
+    @property
+    def key(self) -> tuple[str, Layer, str]:
+        return (self.node, self.layer, self.item)
+
+    def as_dict(self) -> dict[str, Any]:
+        row = dataclasses.asdict(self)
+        row["layer"] = self.layer.value
+        row["status"] = self.status.value
+        return row
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Finding))
+
+
+def merged(findings: Iterable[Finding]) -> list[Finding]:
+    """One finding per (node, layer, item): the first seen keeps its declared/actual (probes
+    are passed first, so a live reading wins over check mode's), later sources add to
+    ``source`` and, when the first had none, ``detail``; the worse status stays."""
+    by_key: dict[tuple[str, Layer, str], Finding] = {}
+    for f in findings:
+        seen = by_key.get(f.key)
+        if seen is None:
+            by_key[f.key] = f
+            continue
+        status = max(seen.status, f.status, key=_RANK.__getitem__)
+        sources = "; ".join(s for s in dict.fromkeys((seen.source, f.source)) if s)
+        by_key[f.key] = dataclasses.replace(
+            seen, status=status, source=sources, detail=seen.detail or f.detail
+        )
+    return sorted(by_key.values(), key=lambda f: (f.node, list(Layer).index(f.layer), f.item))
+
+
+_RANK = {
+    FindingStatus.SKIPPED: 0,
+    FindingStatus.UNAVAILABLE: 1,
+    FindingStatus.DRIFT: 2,
+    FindingStatus.ERROR: 3,
+    FindingStatus.UNREACHABLE: 4,
+}
+
+
+def exit_code(findings: Sequence[Finding]) -> ExitCode:
+    """The one exit-code table, applied to a drift run: unreachable beats a tool error beats
+    drift (``CHECK_FAILED``, 1); skipped and unavailable items do not change the code."""
+    statuses = {f.status for f in findings}
+    if FindingStatus.UNREACHABLE in statuses:
+        return ExitCode.UNREACHABLE
+    if FindingStatus.ERROR in statuses:
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    if FindingStatus.DRIFT in statuses:
+        return ExitCode.CHECK_FAILED
+    return ExitCode.OK
