@@ -7,8 +7,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# Debian packages the lab needs on this machine (the lab hosts install their own).
-LAB_DEBS := debootstrap systemd-container dpkg-dev gnupg openssh-client util-linux iproute2
+# Debian packages the lab needs on this machine (the lab hosts install their own); Open MPI and
+# mpi4py run the multi-node all_reduce_perf simulator in its unit tests.
+LAB_DEBS := debootstrap systemd-container dpkg-dev gnupg openssh-client util-linux iproute2 \
+	openmpi-bin python3-mpi4py
 STAMP_PY := $(VENV)/.installed-requirements
 STAMP_DEBS := .lab/.installed-debs
 PYTEST_ARGS ?=

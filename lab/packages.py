@@ -282,9 +282,13 @@ def all_packages() -> list[Package]:
                                     "Simulated package: no CNI plugins are included.\n"),)))
     nccl_tools = ("all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "alltoall_perf")
     for upstream in NCCL_TESTS:  # -J (JSON output) exists from 2.17 on
+        # A site builds nccl-tests with MPI=1 for multi-node runs (it then needs Open MPI's
+        # library). The simulated binaries are an mpi4py program when mpirun starts them, so
+        # the package needs Debian's python3-mpi4py, which brings Open MPI (libopenmpi3, and
+        # openmpi-bin through mpi-default-bin) from Debian, for real.
         pkgs.append(Package(
             EXTRAS, "nccl-tests", f"{upstream}-1", "NCCL performance tests (site build)",
-            depends=("libnccl2",),
+            depends=("libnccl2", "python3-mpi4py"),
             files=tuple(_bin(f"/usr/bin/{tool}", tool, "all_reduce_perf.py", upstream)
                         for tool in nccl_tools)))
     pkgs.append(Package(

@@ -24,6 +24,7 @@ CONTRACT_FAULTS = {
     "gpu-missing", "ecc-uncorrectable", "row-remap-pending", "pcie-degraded", "nvlink-down",
     "xid-79", "xid-48", "nccl-low-busbw", "nccl-wrong-results", "tool-hang",
     "driver-not-loaded", "ib-port-down", "ssh-down", "driver-install-fail",
+    "ib-link-degraded", "ib-rail-down",
 }
 
 
