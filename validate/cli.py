@@ -5,6 +5,8 @@ in-process with their own streams.
 
     python -m validate run -i <inventory> [--limit PATTERN] [--checks IDS] [--out DIR]
                            [--concurrency N] [--timeout S] [--accept-unknown-host-keys]
+    python -m validate fabric -i <inventory> [--limit PATTERN] [--out DIR] [--concurrency N]
+                           multi-node NCCL between node pairs (fabric.nccl_pair) only
     python -m validate parse <format> <file>     parsed records as JSON on stdout
     python -m validate report <run-dir>          rebuild the report files from results
     python -m validate checks                    list check ids
@@ -17,16 +19,18 @@ import dataclasses
 import enum
 import json
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from validate import checks as check_registry
-from validate import runner
-from validate.inventory import InventoryError, load
-from validate.model import ExitCode
+from validate import fabric, runner
+from validate.inventory import InventoryError, Node, load
+from validate.model import CheckResult, ExitCode
 from validate.parsers import (
     ParseError,
     fio,
@@ -105,13 +109,27 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
         action="store_true",
         help="trust host keys missing from known_hosts (never a changed key)",
     )
+    fb = sub.add_parser(
+        "fabric",
+        help="multi-node NCCL between node pairs of each pool (fabric.nccl_pair), suspect/confirm",
+    )
+    fb.add_argument("-i", "--inventory", required=True, type=Path)
+    fb.add_argument("-l", "--limit", help="Ansible host pattern")
+    fb.add_argument("--out", type=Path, default=DEFAULT_OUT, help="reports root directory")
+    fb.add_argument("--concurrency", type=int, default=8, help="pair runs at a time")
+    fb.add_argument("--run-id", help="defaults to the UTC time")
+    fb.add_argument(
+        "--accept-unknown-host-keys",
+        action="store_true",
+        help="trust host keys missing from known_hosts (never a changed key)",
+    )
     ps = sub.add_parser("parse", help="parse a captured tool output and print JSON")
     ps.add_argument("format", choices=sorted(PARSERS))
     ps.add_argument("file", type=Path)
     rp = sub.add_parser("report", help="render a run directory's report again")
     rp.add_argument("run_dir", type=Path)
     ck = sub.add_parser("checks", help="list the check ids")
-    for parser in (p, r, ps, rp, ck):
+    for parser in (p, r, fb, ps, rp, ck):
         parser.streams = (stdout, stderr)
     return p
 
@@ -136,15 +154,17 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         stderr.write("error: --concurrency must be >= 1 and --timeout > 0\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
     selected = check_registry.select(args.checks)
+    multi_node = check_registry.select_multi_node(args.checks)
     nodes = load(args.inventory, args.limit)
     if not nodes:
         stderr.write(f"error: no GPU nodes in {args.inventory} match {args.limit!r}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
+    if multi_node:
+        _check_fabric_inputs(nodes)
     run_id = args.run_id or runner.new_run_id()
-    labels = sorted({str(n.vars["gpuready_environment"]) for n in nodes
-                     if n.vars.get("gpuready_environment")})
-    environment = "; ".join(labels) or None
-    stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes x {len(selected)} checks"
+    environment = _environment(nodes)
+    stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes x "
+                 f"{len(selected) + len(multi_node)} checks"
                  + (f" [{environment}]" if environment else "") + "\n")
 
     def progress(o: runner.NodeOutcome) -> None:
@@ -163,11 +183,104 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         concurrency=args.concurrency,
         default_timeout_s=args.timeout,
         progress=progress,
+    ) if selected else []
+    outcome = None
+    if fabric.CHECK_ID in multi_node:
+        outcome = _run_fabric(nodes, run_id, accept, max(1, args.concurrency // 2), stderr)
+        rows = [*rows, *outcome.rows]
+    return _finish(rows, outcome, args.out, run_id, environment, stdout, stderr)
+
+
+def _run_fabric(
+    nodes: Sequence[Node], run_id: str, accept: bool, concurrency: int, stderr: TextIO
+) -> fabric.FabricOutcome:
+    """fabric.nccl_pair on ``nodes``, with a progress line per pair run."""
+
+    def progress(r: fabric.PairRun) -> None:
+        bw = f" {r.busbw_gbps:g} GB/s" if r.busbw_gbps is not None else ""
+        code = "" if r.code == "ok" else f" {r.code}"
+        stderr.write(f"[fabric pass {r.pass_no}] {r.launcher} -> {r.peer}: {r.status.value}"
+                     f"{code}{bw} {r.duration_s:.1f}s\n")
+        stderr.flush()
+
+    return fabric.run_fabric(
+        nodes,
+        run_id=run_id,
+        transport_for=lambda n: runner.default_transport(n, accept),
+        concurrency=concurrency,
+        accept_unknown_host_keys=accept,
+        progress=progress,
     )
-    report = write_report(rows, args.out, run_id, environment=environment)
+
+
+def _finish(
+    rows: Sequence[CheckResult],
+    outcome: fabric.FabricOutcome | None,
+    out: Path,
+    run_id: str,
+    environment: str | None,
+    stdout: TextIO,
+    stderr: TextIO,
+) -> int:
+    """Write the report (and the fabric pair table); an interrupted fabric run still writes
+    what it decided, then exits with the tool-error code."""
+    report = write_report(rows, out, run_id, environment=environment)
+    if outcome is not None:
+        fabric.write_pair_table(report.run_dir, outcome.runs)
+        for problem in outcome.leftovers:
+            stderr.write(f"warning: fabric run key or directory not removed: {problem} "
+                         "(the key expires by itself; remove it by hand)\n")
     stdout.write(f"report: {report.run_dir}\n")
+    if outcome is not None and outcome.interrupted:
+        stderr.write("interrupted: fabric pair runs stopped, run keys removed\n")
+        stdout.write(f"exit: {int(ExitCode.USAGE_OR_TOOL_ERROR)} interrupted\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
     stdout.write(f"exit: {int(report.exit_code)} {report.exit_code.name}\n")
     return report.exit_code
+
+
+def _cmd_fabric(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    if args.concurrency < 1:
+        stderr.write("error: --concurrency must be >= 1\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    nodes = load(args.inventory, args.limit)
+    if not nodes:
+        stderr.write(f"error: no GPU nodes in {args.inventory} match {args.limit!r}\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    _check_fabric_inputs(nodes)
+    run_id = args.run_id or runner.new_run_id()
+    environment = _environment(nodes)
+    stderr.write(f"gpuready fabric run {run_id}: {len(nodes)} nodes"
+                 + (f" [{environment}]" if environment else "") + "\n")
+    # A scheduler's TERM must clean up like Ctrl-C: no run key may stay on a node.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        outcome = _run_fabric(nodes, run_id, bool(args.accept_unknown_host_keys),
+                              args.concurrency, stderr)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return _finish(outcome.rows, outcome, args.out, run_id, environment, stdout, stderr)
+
+
+def _environment(nodes: Sequence[Node]) -> str | None:
+    """The inventory's gpuready_environment label(s) of these nodes, for every page."""
+    labels = sorted({str(n.vars["gpuready_environment"]) for n in nodes
+                     if n.vars.get("gpuready_environment")})
+    return "; ".join(labels) or None
+
+
+def _check_fabric_inputs(nodes: Sequence[Node]) -> None:
+    """Bad fabric inventory variables stop the run before any node is touched."""
+    for node in nodes:
+        fabric.nccl_env(node)
+        fabric.mpi_mca(node)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
@@ -202,12 +315,16 @@ def main(
         args = _build_parser(out, err).parse_args(list(sys.argv[1:] if argv is None else argv))
         if args.cmd == "run":
             return int(_cmd_run(args, out, err))
+        if args.cmd == "fabric":
+            return int(_cmd_fabric(args, out, err))
         if args.cmd == "parse":
             return int(_cmd_parse(args, out))
         if args.cmd == "report":
             return int(_cmd_report(args, out))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
+        for cid, title in check_registry.MULTI_NODE.items():
+            out.write(f"{cid:20} {title} (only when --checks names it)\n")
         return ExitCode.OK
     except _UsageError as exc:
         return ExitCode.OK if exc.status == 0 else ExitCode.USAGE_OR_TOOL_ERROR

@@ -45,6 +45,14 @@ _USED_VARS = (
     "gpuready_checkpoint_size_mib",
     "gpuready_xid_window",
     "gpuready_environment",
+    # fabric.nccl_pair (validate/fabric.py): the pool's NCCL environment and MPI parameters
+    "gpuready_fabric_nccl_ib_hca",
+    "gpuready_fabric_nccl_ib_gid_index",
+    "gpuready_fabric_nccl_socket_ifname",
+    "gpuready_fabric_nccl_env",
+    "gpuready_fabric_mpi_mca",
+    # the capacity and cost view (validate/cost.py)
+    "gpuready_cost",
 )
 
 
