@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from validate import checks as check_registry
-from validate import fabric, runner
+from validate import cost, fabric, runner
 from validate.inventory import InventoryError, Node, load
 from validate.model import CheckResult, ExitCode
 from validate.parsers import (
@@ -44,7 +44,7 @@ from validate.parsers import (
     xid,
 )
 from validate.profiles import ProfileError
-from validate.report import load_results, write_report
+from validate.report import load_results, to_frame, write_report
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "reports"
 
@@ -188,7 +188,7 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     if fabric.CHECK_ID in multi_node:
         outcome = _run_fabric(nodes, run_id, accept, max(1, args.concurrency // 2), stderr)
         rows = [*rows, *outcome.rows]
-    return _finish(rows, outcome, args.out, run_id, environment, stdout, stderr)
+    return _finish(rows, outcome, nodes, args.out, run_id, environment, stdout, stderr)
 
 
 def _run_fabric(
@@ -216,15 +216,24 @@ def _run_fabric(
 def _finish(
     rows: Sequence[CheckResult],
     outcome: fabric.FabricOutcome | None,
+    nodes: Sequence[Node],
     out: Path,
     run_id: str,
     environment: str | None,
     stdout: TextIO,
     stderr: TextIO,
 ) -> int:
-    """Write the report (and the fabric pair table); an interrupted fabric run still writes
-    what it decided, then exits with the tool-error code."""
-    report = write_report(rows, out, run_id, environment=environment)
+    """Write the report with its capacity and cost view (and the fabric pair table); an
+    interrupted fabric run still writes what it decided, then exits with the tool-error code."""
+    df = to_frame(rows)
+    inputs = cost.inputs_from_nodes(nodes)
+    for pool_inputs in inputs.values():
+        for problem in pool_inputs.errors:
+            stderr.write(f"warning: {pool_inputs.pool}: {problem} (no cost computed)\n")
+    pools = cost.for_run(df, inputs, out, out / run_id)
+    report = write_report(df, out, run_id, environment=environment,
+                          extra_markdown=cost.markdown(pools), extra_metrics=cost.prometheus(pools))
+    cost.write_files(report.run_dir, inputs, pools)
     if outcome is not None:
         fabric.write_pair_table(report.run_dir, outcome.runs)
         for problem in outcome.leftovers:
@@ -262,7 +271,7 @@ def _cmd_fabric(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    return _finish(outcome.rows, outcome, args.out, run_id, environment, stdout, stderr)
+    return _finish(outcome.rows, outcome, nodes, args.out, run_id, environment, stdout, stderr)
 
 
 def _environment(nodes: Sequence[Node]) -> str | None:
@@ -294,7 +303,11 @@ def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
 def _cmd_report(args: argparse.Namespace, stdout: TextIO) -> int:
     run_dir: Path = args.run_dir
     df = load_results(run_dir)
-    report = write_report(df, run_dir.parent, run_dir.name, run_dir=run_dir, update_latest=False)
+    inputs = cost.read_inputs(run_dir)
+    pools = cost.for_run(df, inputs, run_dir.parent, run_dir)
+    report = write_report(df, run_dir.parent, run_dir.name, run_dir=run_dir, update_latest=False,
+                          extra_markdown=cost.markdown(pools), extra_metrics=cost.prometheus(pools))
+    cost.write_files(run_dir, inputs, pools)
     stdout.write(
         f"report: {report.run_dir}\nexit: {int(report.exit_code)} {report.exit_code.name}\n"
     )

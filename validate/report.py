@@ -418,8 +418,13 @@ def write_report(
     run_dir: Path | None = None,
     update_latest: bool = True,
     environment: str | None = None,
+    extra_markdown: str = "",
+    extra_metrics: str = "",
 ) -> Report:
-    """Write every report file for a run into ``out_root/run_id`` (or ``run_dir``)."""
+    """Write every report file for a run into ``out_root/run_id`` (or ``run_dir``).
+
+    ``extra_markdown`` (a section such as validate.cost's) ends the human pages;
+    ``extra_metrics`` (Prometheus lines) ends metrics.prom."""
     df = results if isinstance(results, pd.DataFrame) else to_frame(results)
     target = run_dir or out_root / run_id
     target.mkdir(parents=True, exist_ok=True)
@@ -435,10 +440,12 @@ def write_report(
     nodes.to_csv(target / "nodes.csv", index=False)
     fleet.to_csv(target / "fleet.csv", index=False)
     md = summary_markdown(df, nodes, fleet, run_id, code, environment)
+    if extra_markdown:
+        md = md.rstrip("\n") + "\n\n" + extra_markdown
     (target / "summary.md").write_text(md)
     (target / "index.html").write_text(html_page(md, plots(df, nodes), nodes, run_id))
     (target / "junit.xml").write_text(junit_xml(df))
-    (target / "metrics.prom").write_text(prometheus(df, nodes, run_id))
+    (target / "metrics.prom").write_text(prometheus(df, nodes, run_id) + extra_metrics)
     if update_latest and target.parent == out_root:
         tmp = out_root / f".latest.{os.getpid()}"
         tmp.unlink(missing_ok=True)
