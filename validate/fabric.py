@@ -101,7 +101,8 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 STEP_TIMEOUT_S = 30.0
 # How long the final sweep waits for key installs in flight before removing what is out.
 SWEEP_WAIT_S = 45.0
-# Run keys outlive their pair by this much at most (expiry-time on the peer).
+# Run keys outlive their pair's timeout by this much at most (expiry-time on the peer, which
+# has minute resolution).
 KEY_GRACE_S = 180
 
 

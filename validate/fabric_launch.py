@@ -7,7 +7,7 @@ ranks over SSH. That hop uses a key made for this run only, on the launcher
 the peer's ``~/.ssh/authorized_keys`` as::
 
     from="<launcher's source address>",expiry-time="<now + timeout>",restrict ssh-ed25519 ... \
-gpuready-fabric:<run>:<launcher>
+gpuready-fabric:<run>:<launcher>:
 
 and removed again when the pair is done, failed or interrupted (:class:`KeyLedger` remembers
 what is still out there for the final sweep). ``from=`` is the address the launcher's kernel
@@ -51,8 +51,6 @@ KEY_COMMENT_PREFIX = "gpuready-fabric"
 # transport adds on top (its KILL is the backstop; TERM lets mpirun stop the peer's daemons).
 KILL_AFTER_S = 5
 TRANSPORT_MARGIN_S = 15.0
-# Extra lifetime of a run key beyond the pair's timeout (expiry-time has minute resolution).
-KEY_GRACE_S = 180
 
 # On the launcher: make the run's directory and key, write the peer's host keys, say where
 # things are. $1 key comment, $2 peer address, $3 known_hosts lines for the peer, $4 the
