@@ -8,9 +8,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the lab needs on this machine (the lab hosts install their own).
-# debian-archive-keyring: debootstrap verifies bookworm and trixie against it.
+# debian-archive-keyring: debootstrap verifies bookworm and trixie against it. Open MPI and
+# mpi4py run the multi-node all_reduce_perf simulator in its unit tests.
 LAB_DEBS := debootstrap debian-archive-keyring systemd-container dpkg-dev gnupg openssh-client \
-	util-linux iproute2
+	util-linux iproute2 openmpi-bin python3-mpi4py
 # The report page's browser test (tests/unit/test_report_browser.py) drives Debian's Chromium
 # through Playwright; Playwright's own browser download is never used.
 BROWSER_DEBS := chromium

@@ -24,7 +24,8 @@ derived from the hostname, so two hosts differ and a rebuilt host keeps its iden
      "nics": [{"name", "ca_type", "fw", "link_layer", "rate_gbps", "pci_bus_id", "numa_node",
                "pcie_switch", "node_guid", "port_guid", "system_image_guid"}],
      "nvme": [{"name", "model", "size_gb", "serial"}],
-     "nccl": {"allreduce_busbw_peak_gbps": float}}
+     "nccl": {"allreduce_busbw_peak_gbps": float,
+              "allreduce_multinode_busbw_peak_gbps": float (optional: all rails healthy)}}
 
 ``faults.json`` is ``{"faults": [<fault name>, ...]}``; every name is a key of ``FAULTS``.
 """
@@ -61,6 +62,10 @@ FAULTS: dict[str, str] = {
     "tool-hang": "GPU tools (nvidia-smi, ...) hang forever before printing anything",
     "driver-not-loaded": "no NVIDIA kernel module: nvidia-smi says it cannot talk to the driver",
     "ib-port-down": "one InfiniBand HCA port is Down/Polling instead of Active/LinkUp",
+    "ib-link-degraded": "the last HCA's link carries half its rate (a marginal cable: ibstat still "
+    "shows Active at full rate; only traffic between nodes, a multi-node NCCL run, shows it)",
+    "ib-rail-down": "the last HCA's rail is taken out at the switch: its port is Down/Disabled "
+    "and NCCL runs across nodes over the other rails",
     "ssh-down": "the host's sshd is stopped: the node is unreachable",
     "driver-install-fail": "installing the NVIDIA driver package fails in its postinst (DKMS)",
     "join-fails": "the cluster's API server refuses the host's kubeadm join (admission denial)",

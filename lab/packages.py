@@ -409,9 +409,13 @@ def _kubernetes_packages() -> list[Package]:
 def _site_packages() -> list[Package]:
     """A site's own repository: its nccl-tests build and MLNX_OFED's ibstat."""
     nccl_tools = ("all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "alltoall_perf")
+    # -J (JSON output) exists from 2.17 on. A site builds nccl-tests with MPI=1 for multi-node
+    # runs (it then needs Open MPI's library). The simulated binaries are an mpi4py program when
+    # mpirun starts them, so the package needs Debian's python3-mpi4py, which brings Open MPI
+    # (libopenmpi3, and openmpi-bin through mpi-default-bin) from Debian, for real.
     pkgs = [Package(
         EXTRAS, "nccl-tests", f"{upstream}-1", "NCCL performance tests (site build)",
-        depends=("libnccl2",),
+        depends=("libnccl2", "python3-mpi4py"),
         files=tuple(_bin(f"/usr/bin/{tool}", tool, "all_reduce_perf.py", upstream)
                     for tool in nccl_tools)) for upstream in NCCL_TESTS]
     pkgs.append(Package(

@@ -9,6 +9,8 @@ call it in-process with their own streams; a closed or broken stream never stops
                            [--concurrency N] [--timeout S] [--node-deadline S]
                            [--ssh-timeout S] [--max-output-mib N] [--run-id ID]
                            [--accept-unknown-host-keys]
+    python -m validate fabric -i <inventory> [--limit PATTERN] [--out DIR] [--concurrency N]
+                           multi-node NCCL between node pairs (fabric.nccl_pair) only
     python -m validate parse <format> <file>     parsed records as JSON on stdout
     python -m validate report <run-dir>          rebuild the report files from results
     python -m validate checks                    list check ids
@@ -40,7 +42,7 @@ from types import FrameType
 from typing import Any, TextIO, cast
 
 from validate import checks as check_registry
-from validate import gate, runinfo, runner
+from validate import cost, fabric, gate, runinfo, runner
 from validate.drift import cli as drift_cli
 from validate.history import HistoryError
 from validate.inventory import InventoryError, Node, load
@@ -60,7 +62,16 @@ from validate.parsers import (
     xid,
 )
 from validate.profiles import ProfileError
-from validate.report import RunDirError, load_results, start_run, write_report
+from validate.report import (
+    PendingRun,
+    Report,
+    ReportExtras,
+    RunDirError,
+    load_results,
+    start_run,
+    to_frame,
+    write_report,
+)
 from validate.transport import DEFAULT_MAX_OUTPUT_BYTES
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "reports"
@@ -150,6 +161,20 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
         "letters, digits, '.', '_', '-'; never reused",
     )
     r.add_argument(
+        "--accept-unknown-host-keys",
+        action="store_true",
+        help="trust host keys missing from known_hosts (never a changed key)",
+    )
+    fb = sub.add_parser(
+        "fabric",
+        help="multi-node NCCL between node pairs of each pool (fabric.nccl_pair), suspect/confirm",
+    )
+    fb.add_argument("-i", "--inventory", required=True, type=Path)
+    fb.add_argument("-l", "--limit", help="Ansible host pattern")
+    fb.add_argument("--out", type=Path, default=DEFAULT_OUT, help="reports root directory")
+    fb.add_argument("--concurrency", type=int, default=8, help="pair runs at a time")
+    fb.add_argument("--run-id", help="defaults to the UTC time")
+    fb.add_argument(
         "--accept-unknown-host-keys",
         action="store_true",
         help="trust host keys missing from known_hosts (never a changed key)",
@@ -251,19 +276,21 @@ def _cmd_run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
 
 def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[str]) -> int:
     selected = check_registry.select(args.checks)
+    multi_node = check_registry.select_multi_node(args.checks)
     doing.append("reading the inventory")
     nodes = load(args.inventory, args.limit)
     if not nodes:
         stderr.write(f"error: no GPU nodes in {args.inventory} match {args.limit!r}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
+    if multi_node:
+        _check_fabric_inputs(nodes)
     # Before the first connection: an unusable --out must not cost a fleet's worth of checks.
     doing.append(f"reserving the run directory in {args.out}")
     pending = start_run(args.out, args.run_id, runner.new_run_id)
     run_id = pending.run_id
-    labels = sorted({str(n.vars["gpuready_environment"]) for n in nodes
-                     if n.vars.get("gpuready_environment")})
-    environment = "; ".join(labels) or None
-    stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes x {len(selected)} checks"
+    environment = _environment(nodes)
+    stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes x "
+                 f"{len(selected) + len(multi_node)} checks"
                  + (f" [{environment}]" if environment else "") + "\n")
     stderr.write(f"rows are appended to {pending.rows_file} as each node finishes\n")
     stderr.flush()
@@ -277,38 +304,39 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[s
 
     info = runinfo.start(run_id=run_id, environment=environment, inventory=args.inventory,
                          limit=args.limit, checks_requested=args.checks,
-                         checks=[c.id for c in selected], nodes=nodes)
-    append_failed: list[str] = []
-
-    def keep(node: Node, rows: list[CheckResult]) -> None:
-        try:
-            pending.append(rows)
-        except OSError as exc:  # the rows stay in memory for the report
-            if not append_failed:
-                append_failed.append(str(exc))
-                stderr.write(f"warning: cannot append rows to {pending.rows_file}: {exc}\n")
-
+                         checks=[*(c.id for c in selected), *multi_node], nodes=nodes)
+    keep = _keeper(pending, stderr)
     accept = bool(args.accept_unknown_host_keys)
     max_output = int(args.max_output_mib * 2**20)
     control = runner.RunControl()
     doing.append("running the checks")
     started = time.monotonic()
+    outcome: fabric.FabricOutcome | None = None
     try:
-        with _stop_on_signals(control):
-            rows = runner.run(
-                nodes,
-                selected,
-                run_id=run_id,
-                transport_for=lambda n: runner.default_transport(
-                    n, accept, step_timeout_s=args.ssh_timeout, max_output_bytes=max_output
-                ),
-                concurrency=args.concurrency,
-                default_timeout_s=args.timeout,
-                node_deadline_s=args.node_deadline,
-                progress=progress,
-                on_node_done=keep,
-                control=control,
-            )
+        rows: list[CheckResult] = []
+        if selected:
+            with _stop_on_signals(control):
+                rows = runner.run(
+                    nodes,
+                    selected,
+                    run_id=run_id,
+                    transport_for=lambda n: runner.default_transport(
+                        n, accept, step_timeout_s=args.ssh_timeout, max_output_bytes=max_output
+                    ),
+                    concurrency=args.concurrency,
+                    default_timeout_s=args.timeout,
+                    node_deadline_s=args.node_deadline,
+                    progress=progress,
+                    on_node_done=keep,
+                    control=control,
+                )
+        if fabric.CHECK_ID in multi_node and not control.interrupted:
+            doing.append("running the fabric pair checks")
+            outcome = _run_fabric(nodes, run_id, accept, max(1, args.concurrency // 2), stderr)
+            keep(None, list(outcome.rows))
+            rows = [*rows, *outcome.rows]
+            if outcome.interrupted:
+                control.interrupt("SIGINT/SIGTERM during the fabric pair checks")
         elapsed = time.monotonic() - started
         if control.interrupted:
             stderr.write(f"interrupted by {control.reason}: queued nodes not started, running "
@@ -318,16 +346,150 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[s
         doing.append("writing the report")
         info = dataclasses.replace(info, finished=runinfo.now_utc())
         report = pending.finish(rows, environment=environment, interrupted=control.interrupted,
-                                run_info=info)
+                                run_info=info, extras=_extras(rows, nodes, pending, outcome,
+                                                              stderr))
     except KeyboardInterrupt:
         pending.close()
         stderr.write(f"interrupted: the rows of finished nodes are in {pending.rows_file}; "
                      f"render them with: python -m validate report {pending.partial_dir}\n")
         return ExitCode.INTERRUPTED
+    return _print_result(report, stdout)
+
+
+def _keeper(pending: PendingRun, stderr: TextIO) -> Callable[[Node | None, list[CheckResult]],
+                                                             None]:
+    """Append each node's rows durably as it finishes; a failed append warns once (the rows
+    stay in memory for the report)."""
+    failed: list[str] = []
+
+    def keep(node: Node | None, rows: list[CheckResult]) -> None:
+        try:
+            pending.append(rows)
+        except OSError as exc:
+            if not failed:
+                failed.append(str(exc))
+                stderr.write(f"warning: cannot append rows to {pending.rows_file}: {exc}\n")
+
+    return keep
+
+
+def _print_result(report: Report, stdout: TextIO) -> int:
     stdout.write(f"report: {report.run_dir}\n")
     code = ExitCode.INTERRUPTED if report.interrupted else report.exit_code
     stdout.write(f"exit: {int(code)} {code.name}\n")
     return code
+
+
+def _run_fabric(
+    nodes: Sequence[Node], run_id: str, accept: bool, concurrency: int, stderr: TextIO
+) -> fabric.FabricOutcome:
+    """fabric.nccl_pair on ``nodes``, with a progress line per pair run. SIGINT and SIGTERM
+    interrupt it at once (a scheduler's TERM must clean up like Ctrl-C): run_fabric stops,
+    removes every run key and directory, and returns what was decided."""
+
+    def progress(r: fabric.PairRun) -> None:
+        bw = f" {r.busbw_gbps:g} GB/s" if r.busbw_gbps is not None else ""
+        code = "" if r.code == "ok" else f" {r.code}"
+        stderr.write(f"[fabric pass {r.pass_no}] {r.launcher} -> {r.peer}: {r.status.value}"
+                     f"{code}{bw} {r.duration_s:.1f}s\n")
+        stderr.flush()
+
+    with _signals_interrupt():
+        outcome = fabric.run_fabric(
+            nodes,
+            run_id=run_id,
+            transport_for=lambda n: runner.default_transport(n, accept),
+            concurrency=concurrency,
+            accept_unknown_host_keys=accept,
+            progress=progress,
+        )
+    for problem in outcome.leftovers:
+        stderr.write(f"warning: fabric run key or directory not removed: {problem} "
+                     "(the key expires by itself; remove it by hand)\n")
+    if outcome.interrupted:
+        stderr.write("interrupted: fabric pair runs stopped, run keys removed\n")
+    return outcome
+
+
+def _extras(rows: Sequence[CheckResult], nodes: Sequence[Node], pending: PendingRun,
+            outcome: fabric.FabricOutcome | None, stderr: TextIO) -> ReportExtras:
+    """The capacity and cost view of the run (and the fabric pair table) for its report."""
+    inputs = cost.inputs_from_nodes(nodes)
+    for pool_inputs in inputs.values():
+        for problem in pool_inputs.errors:
+            stderr.write(f"warning: {pool_inputs.pool}: {problem} (no cost computed)\n")
+    extras = cost.report_extras(to_frame(rows), inputs, pending.out_root,
+                                pending.out_root / pending.run_id)
+    if outcome is None:
+        return extras
+    runs = outcome.runs
+    write_cost = extras.write_files
+
+    def write_files(target: Path) -> None:
+        if write_cost is not None:
+            write_cost(target)
+        fabric.write_pair_table(target, runs)
+
+    return dataclasses.replace(extras, write_files=write_files)
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread while this is active."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _cmd_fabric(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    if args.concurrency < 1:
+        stderr.write("error: --concurrency must be >= 1\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    nodes = load(args.inventory, args.limit)
+    if not nodes:
+        stderr.write(f"error: no GPU nodes in {args.inventory} match {args.limit!r}\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    _check_fabric_inputs(nodes)
+    pending = start_run(args.out, args.run_id, runner.new_run_id)
+    run_id = pending.run_id
+    environment = _environment(nodes)
+    stderr.write(f"gpuready fabric run {run_id}: {len(nodes)} nodes"
+                 + (f" [{environment}]" if environment else "") + "\n")
+    info = runinfo.start(run_id=run_id, environment=environment, inventory=args.inventory,
+                         limit=args.limit, checks_requested=fabric.CHECK_ID,
+                         checks=[fabric.CHECK_ID], nodes=nodes)
+    outcome = _run_fabric(nodes, run_id, bool(args.accept_unknown_host_keys),
+                          args.concurrency, stderr)
+    _keeper(pending, stderr)(None, list(outcome.rows))
+    info = dataclasses.replace(info, finished=runinfo.now_utc())
+    report = pending.finish(list(outcome.rows), environment=environment,
+                            interrupted=outcome.interrupted, run_info=info,
+                            extras=_extras(outcome.rows, nodes, pending, outcome, stderr))
+    return _print_result(report, stdout)
+
+
+def _environment(nodes: Sequence[Node]) -> str | None:
+    """The inventory's gpuready_environment label(s) of these nodes, for every page."""
+    labels = sorted({str(n.vars["gpuready_environment"]) for n in nodes
+                     if n.vars.get("gpuready_environment")})
+    return "; ".join(labels) or None
+
+
+def _check_fabric_inputs(nodes: Sequence[Node]) -> None:
+    """Bad fabric inventory variables stop the run before any node is touched."""
+    for node in nodes:
+        fabric.nccl_env(node)
+        fabric.mpi_mca(node)
 
 
 def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
@@ -348,6 +510,8 @@ def _cmd_report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
             f"note: {run_dir} has no {runinfo.RUN_INFO_FILE}: rendered without the run's "
             "environment label, inventory and profiles\n"
         )
+    # The capacity and cost view from the inputs the run recorded (capacity_inputs.json).
+    extras = cost.report_extras(df, cost.read_inputs(run_dir), run_dir.parent, run_dir)
     report = write_report(
         df,
         run_dir.parent,
@@ -355,6 +519,7 @@ def _cmd_report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
         run_dir=run_dir,
         update_latest=False,
         run_info=info,
+        extras=extras,
     )
     stdout.write(
         f"report: {report.run_dir}\nexit: {int(report.exit_code)} {report.exit_code.name}\n"
@@ -436,6 +601,8 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
         args = _build_parser(out, err).parse_args(list(sys.argv[1:] if argv is None else argv))
         if args.cmd == "run":
             return int(_cmd_run(args, out, err))
+        if args.cmd == "fabric":
+            return int(_cmd_fabric(args, out, err))
         if args.cmd == "parse":
             return int(_cmd_parse(args, out))
         if args.cmd == "report":
@@ -450,6 +617,8 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
             return int(drift_cli.cmd_history(args, out, err))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
+        for cid, title in check_registry.MULTI_NODE.items():
+            out.write(f"{cid:20} {title} (only when --checks names it)\n")
         return ExitCode.OK
     except _UsageError as exc:
         return ExitCode.OK if exc.status == 0 else ExitCode.USAGE_OR_TOOL_ERROR

@@ -65,6 +65,14 @@ _USED_VARS = (
     "nvidia_container_toolkit_runtime_name",
     "gpuready_kernel_release",
     "gpuready_drift_margins",
+    # fabric.nccl_pair (validate/fabric.py): the pool's NCCL environment and MPI parameters
+    "gpuready_fabric_nccl_ib_hca",
+    "gpuready_fabric_nccl_ib_gid_index",
+    "gpuready_fabric_nccl_socket_ifname",
+    "gpuready_fabric_nccl_env",
+    "gpuready_fabric_mpi_mca",
+    # the capacity and cost view (validate/cost.py)
+    "gpuready_cost",
 )
 
 

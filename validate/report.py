@@ -81,6 +81,19 @@ _STATUS_DTYPE = pd.CategoricalDtype(_STATUS_ORDER, ordered=True)
 _PROM_STATUS = {"pass": 0, "warn": 1, "fail": 2, "error": 3, "skip": -1}
 
 
+@dataclass(frozen=True)
+class ReportExtras:
+    """What other modules add to a run's report (validate.cost's capacity and cost view,
+    validate.fabric's pair table): Markdown appended to summary.md, an HTML section for
+    index.html, Prometheus lines appended to metrics.prom, and ``write_files(build_dir)`` for
+    files of their own, written before the run directory is placed."""
+
+    markdown: str = ""
+    html: str = ""
+    metrics: str = ""
+    write_files: Callable[[Path], object] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     """What :func:`write_report` produced."""
@@ -156,12 +169,14 @@ class PendingRun:
         environment: str | None = None,
         interrupted: bool = False,
         run_info: RunInfo | None = None,
+        extras: ReportExtras | None = None,
     ) -> Report:
         """Render the report from ``rows`` in the reserved directory and place it."""
         self.close()
         return write_report(
             rows, self.out_root, self.run_id, environment=environment,
             build_dir=self.partial_dir, interrupted=interrupted, run_info=run_info,
+            extras=extras,
         )
 
 
@@ -532,16 +547,19 @@ def write_report(
     run_info: RunInfo | None = None,
     build_dir: Path | None = None,
     interrupted: bool = False,
+    extras: ReportExtras | None = None,
 ) -> Report:
     """Write every report file for a run into ``out_root/run_id`` (or ``run_dir``).
 
     ``run_info`` (the run's metadata) is written as run.json with the exit code and heads the
-    human pages; its environment label is used when ``environment`` is not given.
+    human pages; its environment label is used when ``environment`` is not given. ``extras``:
+    sections other modules add (the capacity and cost view, the fabric pair table).
 
     Files are built in ``build_dir`` (default: a fresh hidden directory beside the target) and
     then placed: a new run directory by one rename, an existing one (``report`` rendering a run
     again) file by file with ``os.replace``. ``latest`` moves only to a complete run; a run
     with ``run.interrupted`` rows (or ``interrupted=True``) is marked so in its summary."""
+    extras = extras or ReportExtras()
     df = results if isinstance(results, pd.DataFrame) else to_frame(results)
     final = run_dir or out_root / run_id
     interrupted = interrupted or bool((df["code"] == CODE_INTERRUPTED).any())
@@ -564,14 +582,19 @@ def write_report(
     if interrupted:
         title, _, rest = md.partition("\n")
         md = f"{title}\n\n{INTERRUPTED_NOTE}\n{rest}"
+    if extras.markdown:
+        md = md.rstrip("\n") + "\n\n" + extras.markdown
     (target / "summary.md").write_text(md)
     page = html_page(df, nodes, fleet, run_id, code, environment=env, info=info,
-                     outlier_fraction=OUTLIER_FRACTION, interrupted=interrupted)
+                     outlier_fraction=OUTLIER_FRACTION, interrupted=interrupted,
+                     extra_html=extras.html)
     (target / "index.html").write_text(page)
     if info is not None:
         write_run_info(target, info)
     (target / "junit.xml").write_text(junit_xml(df))
-    (target / "metrics.prom").write_text(prometheus(df, nodes, run_id))
+    (target / "metrics.prom").write_text(prometheus(df, nodes, run_id) + extras.metrics)
+    if extras.write_files is not None:
+        extras.write_files(target)
     _place(target, final)
     if update_latest and not interrupted and final.parent == out_root:
         tmp = out_root / f".{LATEST}.{os.getpid()}.{secrets.token_hex(4)}"

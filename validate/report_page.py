@@ -319,6 +319,7 @@ def html_page(
     info: RunInfo | None,
     outlier_fraction: float,
     interrupted: bool = False,
+    extra_html: str = "",
 ) -> str:
     """The whole ``index.html`` (see the module docstring). ``interrupted``: the run was
     stopped before every check finished, and the page says so at the top."""
@@ -342,7 +343,7 @@ def html_page(
         "</head><body>\n<header>"
         f"{_header(run_id, code, environment, nodes, df, info, interrupted)}</header>\n"
         '<main><section id="table-view">'
-        f"<h2>Fault codes</h2>{_fault_codes(df)}<h2>Nodes</h2>"
+        f"<h2>Fault codes</h2>{_fault_codes(df)}{extra_html}<h2>Nodes</h2>"
         "<noscript><p>The node table and node views need JavaScript; nodes.csv and "
         "results.csv in this directory hold the same rows.</p></noscript>"
         '<form id="filters" autocomplete="off">'

@@ -45,6 +45,20 @@ writeBenchmarkLinePreamble/Body/Terminator, writeResultFooter, writeErrors):
 writer does). experiment_name is the collective's name (AllReduce, ...): an assumption, the
 call site was not read.
 
+Multi-node (nccl-tests built with MPI=1): when Open MPI's mpirun starts it (OMPI_COMM_WORLD_SIZE
+is set, more than one process), it is a real MPI program on mpi4py (Debian's python3-mpi4py):
+every process reads its own node's hardware.json/faults.json, rank 0 prints the header, the
+device lines of all processes are gathered to rank 0 in rank order (device numbers per node,
+as the real writeDeviceReport does), and the nodes exchange their rail state with a real
+MPI_Allreduce(MIN): per HCA, the fraction of its rate it can carry (0 when ibstat shows its port
+down or NCCL_IB_HCA leaves it out, 0.5 on ib-link-degraded). Rank 0 prints the table at the bus
+bandwidth the slowest rail allows (hardware.json nccl.allreduce_multinode_busbw_peak_gbps times
+the worst rail's fraction per unit of load; a GPU whose rail is unusable shares a neighbour's),
+or at NCCL's socket rate when no rail is usable. The format is held to the real multi-node
+captures in tests/fixtures/nccl-tests-multinode/. A node with tool-hang never joins, so the
+others wait in the collective until mpirun is killed (a peer whose NCCL bootstrap hangs); a
+node with a CUDA failure prints it and exits without MPI_Finalize, and mpirun ends the job.
+
 Faults (faults.json): nccl-low-busbw (peak ~40% lower), nccl-busbw-drop (peak 15% lower: a
 drop only history shows), nccl-wrong-results (#wrong > 0 on
 the largest sizes, `FAILED`, exit 1), tool-hang (prints nothing and never returns until killed),
@@ -65,6 +79,7 @@ import random
 import socket
 import sys
 import time
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +106,16 @@ OPS = ("sum", "prod", "max", "min", "avg")
 # H100/A100 captures (busbw ~30% of peak at 32 MiB, ~95% at 8 GiB).
 LATENCY_US_NVLINK = 22.0
 LATENCY_US_PCIE = 35.0
+# Across nodes: the 2-node captures start at 22-36 us for the smallest sizes.
+LATENCY_US_NETWORK = 30.0
+# nccl-low-busbw: the node's NCCL peak is about 40% lower.
+LOW_BUSBW_FACTOR = 0.6
+# nccl-busbw-drop: still above the profiles' floors, so only the node's own history shows it.
+BUSBW_DROP_FACTOR = 0.85
+# NCCL over sockets when no RDMA rail is usable on both ends (NET/Socket over the
+# NCCL_SOCKET_IFNAME interface): about what the real 1-NIC T4 capture without GPUDirect
+# (nccl-tests-multinode/all_reduce_perf-2node-2x-tesla-t4-*) reaches.
+SOCKET_BUSBW_GBPS = 3.1
 INEFFICIENCY_BYTES = 16 * 1024 * 1024
 WRONG_RESULTS_MIN_BYTES = 128 * 1024 * 1024
 
@@ -337,18 +362,82 @@ class Sim:
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
+        mpi = _mpi_module()
+        if mpi is not None and mpi.COMM_WORLD.Get_size() > 1:
+            return self.run_mpi(mpi)
         hw, faults = _load_hw()
         host = str(hw.get("hostname") or socket.gethostname())
-        gpus: list[dict[str, Any]] = list(hw.get("gpus", []))
-        if "gpu-missing" in faults and gpus:
-            gpus = gpus[:-1]
+        gpus = _present_gpus(hw, faults)
         if "tool-hang" in faults:
-            # The catalogue's tool-hang: the tool never prints and never returns until killed.
-            sys.stdout.flush()
-            while True:
-                time.sleep(3600)
+            _hang()
         json_out = self._json_open() if self.output_file else None
+        self._print_preamble()
 
+        cuda_error = self._cuda_error(hw, faults, gpus)
+        if cuda_error is not None:
+            return self._cuda_failure(host, cuda_error, json_out)
+        n_ranks = self.n_threads * self.n_gpus
+        if n_ranks > len(gpus):
+            return self._too_many_gpus(host, n_ranks, len(gpus), json_out)
+        lines, devices = self._device_lines(host, gpus, first_rank=0)
+        print("\n".join(lines))
+        self._print_nccl_version(hw)
+        rows = self._rows(hw, faults, host, n_ranks)
+        return self._print_table(rows, host, devices, json_out)
+
+    def run_mpi(self, mpi: Any) -> int:
+        """One process of a multi-node run launched by Open MPI's mpirun (MPI_SUPPORT build).
+
+        As the real tool does: every process reads its own node, rank 0 prints the header,
+        the device lines are gathered to rank 0 in rank order, and rank 0 prints the table.
+        What NCCL's transport setup would find out about the fabric between the nodes is
+        exchanged with a real MPI_Allreduce (MIN): each node's usable fraction of every rail,
+        so the bandwidth is what the slowest end of each rail allows (see _rail_fractions).
+        A node whose tools hang never joins: the others wait in the collective until mpirun
+        is killed, as ranks do when a peer's NCCL bootstrap hangs."""
+        comm = mpi.COMM_WORLD
+        proc, nprocs = comm.Get_rank(), comm.Get_size()
+        hw, faults = _load_hw()
+        host = str(hw.get("hostname") or socket.gethostname())
+        gpus = _present_gpus(hw, faults)
+        if "tool-hang" in faults:
+            _hang()
+        json_out = self._json_open() if self.output_file and proc == 0 else None
+        if proc == 0:
+            self._print_preamble()
+        sys.stdout.flush()
+        # A process that fails before the gather exits at once without MPI_Finalize, like the
+        # real tool returning from main(); mpirun then ends the job and reports the exit.
+        cuda_error = self._cuda_error(hw, faults, gpus)
+        if cuda_error is not None:
+            _exit_now(self._cuda_failure(host, cuda_error, json_out))
+        per_proc = self.n_threads * self.n_gpus
+        if per_proc > len(gpus):
+            _exit_now(self._too_many_gpus(host, per_proc, len(gpus), json_out))
+        lines, devices = self._device_lines(host, gpus, first_rank=proc * per_proc)
+        gathered = comm.gather((lines, devices), root=0)
+        fractions = _rail_fractions(hw, faults, os.environ.get("NCCL_IB_HCA", ""))
+        width = comm.allreduce(len(fractions), op=mpi.MAX)
+        peak = _multinode_peak(hw) * (LOW_BUSBW_FACTOR if "nccl-low-busbw" in faults else 1.0)
+        exchange = array("d", [*fractions, *([0.0] * (width - len(fractions))), peak])
+        comm.Allreduce(mpi.IN_PLACE, [exchange, mpi.DOUBLE], op=mpi.MIN)
+        wrong = comm.allreduce(int("nccl-wrong-results" in faults), op=mpi.MAX)
+        status = 0
+        if proc == 0:
+            all_devices = []
+            for proc_lines, proc_devices in gathered:
+                print("\n".join(proc_lines))
+                all_devices += proc_devices
+            self._print_nccl_version(hw)
+            pair_faults = {"nccl-wrong-results"} if wrong else set()
+            busbw_peak = _fabric_busbw(list(exchange[:-1]), exchange[-1], hw)
+            rows = self._rows(hw, pair_faults, host, per_proc * nprocs, busbw_peak)
+            status = self._print_table(rows, host, all_devices, json_out)
+        sys.stdout.flush()
+        comm.Barrier()
+        return status
+
+    def _print_preamble(self) -> None:
         if self.modern:
             code = NCCL_VERSION[0] * 10000 + NCCL_VERSION[1] * 100 + NCCL_VERSION[2]
             print(f"# nccl-tests version {self.version} nccl-headers={code} nccl-library={code}")
@@ -368,42 +457,41 @@ class Sim:
         print("#")
         print("# Using devices")
 
-        cuda_error = self._cuda_error(hw, faults, gpus)
-        if cuda_error is not None:
-            return self._cuda_failure(host, cuda_error, json_out)
+    def _too_many_gpus(self, host: str, wanted: int, found: int, json_out: Any) -> int:
+        if self.modern:
+            print(
+                f"Invalid number of GPUs: {wanted} requested but only {found} were "
+                "found.\nPlease check the number of processes and GPUs per process.",
+                file=sys.stderr,
+            )
+            # The TESTCHECK line number of this path is not known from a capture.
+            print(f" .. {host} pid {self.pid}: Test failure common.cu:1065")
+            self._json_close(json_out, {})
+            return 5
+        return self._cuda_failure(host, "invalid device ordinal", json_out)
 
-        n_ranks = self.n_threads * self.n_gpus
-        if n_ranks > len(gpus):
-            if self.modern:
-                print(
-                    f"Invalid number of GPUs: {n_ranks} requested but only {len(gpus)} were "
-                    "found.\nPlease check the number of processes and GPUs per process.",
-                    file=sys.stderr,
-                )
-                # The TESTCHECK line number of this path is not known from a capture.
-                print(f" .. {host} pid {self.pid}: Test failure common.cu:1065")
-                self._json_close(json_out, {})
-                return 5
-            return self._cuda_failure(host, "invalid device ordinal", json_out)
-
-        devices = []
-        for rank in range(n_ranks):
-            gpu = gpus[rank]
+    def _device_lines(
+        self, host: str, gpus: list[dict[str, Any]], first_rank: int
+    ) -> tuple[list[str], list[tuple[int, str, str, str]]]:
+        """This process's '#  Rank' lines and (rank, bus id, name, host) per device."""
+        lines, devices = [], []
+        for device in range(self.n_threads * self.n_gpus):
+            rank = first_rank + device
+            gpu = gpus[device]
             domain, bus, dev = _pci_parts(str(gpu.get("pci_bus_id", "00000000:00:00.0")))
             hexid = f"{domain:04x}:{bus:02x}:{dev:02x}" if self.modern else f"0x{bus:02x}"
             name = str(gpu.get("name", "NVIDIA GPU"))
-            print(
+            lines.append(
                 f"#  Rank {rank:2d} Group {0:2d} Pid {self.pid:6d} on {host:>10s} device "
-                f"{rank:2d} [{hexid}] {name}"
+                f"{device:2d} [{hexid}] {name}"
             )
-            devices.append((rank, hexid, name))
+            devices.append((rank, hexid, name, host))
+        return lines, devices
 
+    def _print_nccl_version(self, hw: dict[str, Any]) -> None:
         if os.environ.get("NCCL_DEBUG", "").upper() in ("VERSION", "INFO", "TRACE"):
             cuda = str(hw.get("cuda_version", "12.4"))
             print(f"NCCL version {'.'.join(map(str, NCCL_VERSION))}+cuda{cuda}")
-
-        rows = self._rows(hw, faults, host, n_ranks)
-        return self._print_table(rows, host, devices, json_out)
 
     def _cuda_error(
         self, hw: dict[str, Any], faults: set[str], gpus: list[dict[str, Any]]
@@ -436,16 +524,23 @@ class Sim:
         return sizes
 
     def _rows(
-        self, hw: dict[str, Any], faults: set[str], host: str, n_ranks: int
+        self, hw: dict[str, Any], faults: set[str], host: str, n_ranks: int,
+        multinode_busbw: float | None = None,
     ) -> list[dict[str, Any]]:
+        """The table. ``multinode_busbw``: the peak a multi-node run's fabric allows (its
+        faults already applied); None for a single-node run, which peaks at the node's own."""
         collective, reduces = COLLECTIVES[self.tool]
         type_size = TYPE_SIZES[self.dtype]
-        peak_busbw = float(hw.get("nccl", {}).get("allreduce_busbw_peak_gbps", 100.0))
-        if "nccl-low-busbw" in faults:
-            peak_busbw *= 0.6
-        elif "nccl-busbw-drop" in faults:
-            peak_busbw *= 0.85
-        latency = LATENCY_US_NVLINK if hw.get("nvswitch") else LATENCY_US_PCIE
+        if multinode_busbw is None:
+            peak_busbw = float(hw.get("nccl", {}).get("allreduce_busbw_peak_gbps", 100.0))
+            if "nccl-low-busbw" in faults:
+                peak_busbw *= LOW_BUSBW_FACTOR
+            elif "nccl-busbw-drop" in faults:
+                peak_busbw *= BUSBW_DROP_FACTOR
+            latency = LATENCY_US_NVLINK if hw.get("nvswitch") else LATENCY_US_PCIE
+        else:
+            peak_busbw = multinode_busbw
+            latency = LATENCY_US_NETWORK
         if self.tool == "all_reduce_perf":
             factor = 2.0 * (n_ranks - 1) / n_ranks
         else:
@@ -489,7 +584,7 @@ class Sim:
         self,
         rows: list[dict[str, Any]],
         host: str,
-        devices: list[tuple[int, str, str]],
+        devices: list[tuple[int, str, str, str]],
         json_out: Any,
     ) -> int:
         print("#")
@@ -588,9 +683,9 @@ class Sim:
             )
             devices = ",".join(
                 "{" + f"\"rank\":{rank},\"group\":0,\"pid\":{self.pid},"
-                f"\"hostname\":{_jstr(result['host'])},\"device\":{rank},"
+                f"\"hostname\":{_jstr(host)},\"device\":{rank},"
                 f"\"device_hex\":{_jstr(hexid)},\"device_info\":{_jstr(name)}" + "}"
-                for rank, hexid, name in result["devices"]
+                for rank, hexid, name, host in result["devices"]
             )
             parts.append(
                 "\"config\":{"
@@ -638,6 +733,100 @@ class Sim:
         handle = json_out["handle"]
         handle.write("{" + ",".join(parts) + "}")
         handle.close()
+
+
+def _mpi_module() -> Any:
+    """mpi4py's MPI when Open MPI's launcher started this process (it sets
+    OMPI_COMM_WORLD_SIZE for every process it starts), else None: a single-node run needs no
+    MPI and the simulator then runs where mpi4py is not installed."""
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ:
+        return None
+    from mpi4py import MPI  # noqa: PLC0415 - only MPI runs need it (python3-mpi4py)
+
+    return MPI
+
+
+def _present_gpus(hw: dict[str, Any], faults: set[str]) -> list[dict[str, Any]]:
+    gpus: list[dict[str, Any]] = list(hw.get("gpus", []))
+    return gpus[:-1] if "gpu-missing" in faults and gpus else gpus
+
+
+def _hang() -> None:
+    # The catalogue's tool-hang: the tool never prints and never returns until killed.
+    sys.stdout.flush()
+    while True:
+        time.sleep(3600)
+
+
+def _exit_now(status: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _hca_selected(name: str, spec: str) -> bool:
+    """NCCL_IB_HCA as NCCL reads it: comma-separated ``name[:port]`` prefixes, ``=`` for
+    exact names, a leading ``^`` to exclude the listed ones instead. Empty: every HCA."""
+    if not spec:
+        return True
+    exclude = spec.startswith("^")
+    body = spec[1:] if exclude else spec
+    exact = body.startswith("=")
+    body = body[1:] if exact else body
+    names = [item.split(":")[0] for item in body.split(",") if item]
+    hit = any(name == n if exact else name.startswith(n) for n in names)
+    return not hit if exclude else hit
+
+
+# Faults on the node's RDMA rails (one NIC per GPU, as on HGX nodes): which HCA, and what
+# fraction of its rate it carries. A port ibstat shows down carries nothing.
+DOWN_PORT_FAULTS = {"ib-port-down": 0, "ib-rail-down": -1}
+DEGRADED_FAULT = "ib-link-degraded"
+
+
+def _rail_fractions(hw: dict[str, Any], faults: set[str], ib_hca: str) -> list[float]:
+    """Per HCA of this node, the fraction of its rate it can carry (0: not usable), in
+    hardware order; HCAs NCCL_IB_HCA leaves out carry nothing."""
+    nics = list(hw.get("nics") or [])
+    fractions = [1.0 if _hca_selected(str(n["name"]), ib_hca) else 0.0 for n in nics]
+    for fault, index in DOWN_PORT_FAULTS.items():
+        if fault in faults and nics:
+            fractions[index] = 0.0
+    if DEGRADED_FAULT in faults and nics:
+        fractions[-1] *= 0.5
+    return fractions
+
+
+def _multinode_peak(hw: dict[str, Any]) -> float:
+    nccl = hw.get("nccl", {})
+    return float(nccl.get("allreduce_multinode_busbw_peak_gbps")
+                 or nccl.get("allreduce_busbw_peak_gbps", 100.0))
+
+
+def _fabric_busbw(fractions: list[float], peak: float, hw: dict[str, Any]) -> float:
+    """The bus bandwidth peak the rails allow, from each rail's usable fraction on the worse
+    of its two ends. Each GPU's traffic goes over its own rail (NCCL pairs a GPU with the NIC
+    behind its PCIe switch); a GPU whose rail is unusable on either end shares the nearest
+    usable rail (same NUMA node first), as NCCL falls back to a farther NIC. NCCL splits the
+    data evenly over the GPUs' channels, so the slowest rail per unit of load sets the pace.
+    Without any usable rail NCCL falls back to sockets."""
+    usable = [i for i, f in enumerate(fractions) if f > 0]
+    if not usable:
+        return SOCKET_BUSBW_GBPS
+    nics = list(hw.get("nics") or [])
+    gpus = list(hw.get("gpus") or []) or [{}] * len(fractions)
+    load = [0] * len(fractions)
+    for index, gpu in enumerate(gpus):
+        own = index % len(fractions)
+        if own in usable:
+            load[own] += 1
+            continue
+        numa = gpu.get("numa_node")
+        same = [i for i in usable if i < len(nics) and nics[i].get("numa_node") == numa]
+        candidates = same or usable
+        load[min(candidates, key=lambda i: (load[i], abs(i - own)))] += 1
+    pace = min(fractions[i] / load[i] for i in usable if load[i])
+    return peak * pace
 
 
 def _pci_parts(bus_id: str) -> tuple[int, int, int]:

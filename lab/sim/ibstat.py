@@ -32,7 +32,9 @@ ibstat-a100-azure-hdr200-ibpanic-exit255.txt). A node without HCAs fails listing
 wording follows infiniband-diags' IBPANIC format, not a capture).
 
 Fault ib-port-down: the first HCA's port is `State: Down`, `Physical state: Polling`,
-`Rate: 10`, base and SM lid 0, as a port with no link shows.
+`Rate: 10`, base and SM lid 0, as a port with no link shows. Fault ib-rail-down: the last
+HCA's port is `State: Down`, `Physical state: Disabled` (its switch port was disabled), same
+rate and lids. Fault ib-link-degraded changes nothing here: the port trained at full rate.
 """
 
 from __future__ import annotations
@@ -70,14 +72,16 @@ def _guid(text: str, fallback_seed: str) -> str:
     return "0x" + hashlib.sha256(fallback_seed.encode()).hexdigest()[:16]
 
 
-def _port(nic: dict[str, Any], down: bool) -> dict[str, str]:
+def _port(nic: dict[str, Any], down: str | None) -> dict[str, str]:
+    """``down``: None for a healthy port, else its physical state (Polling: no link; Disabled:
+    the switch port was disabled)."""
     ethernet = str(nic.get("link_layer", "InfiniBand")).lower() == "ethernet"
     port_guid = _guid(str(nic.get("port_guid", "")), nic["name"] + "port")
     # Lids are assigned by the subnet manager; derive a stable one from the GUID.
     base_lid = 0 if ethernet or down else 1 + int(port_guid, 16) % 1000
     return {
         "State": "Down" if down else "Active",
-        "Physical state": "Polling" if down else "LinkUp",
+        "Physical state": down or "LinkUp",
         "Rate": "10" if down else str(int(nic.get("rate_gbps", 0))),
         "Base lid": str(base_lid),
         "LMC": "0",
@@ -88,7 +92,7 @@ def _port(nic: dict[str, Any], down: bool) -> dict[str, str]:
     }
 
 
-def _ca_block(nic: dict[str, Any], down: bool, short: bool) -> str:
+def _ca_block(nic: dict[str, Any], down: str | None, short: bool) -> str:
     node_guid = _guid(str(nic.get("node_guid", "")), nic["name"])
     image_guid = _guid(str(nic.get("system_image_guid", "")), nic["name"]) if nic.get(
         "system_image_guid"
@@ -135,7 +139,11 @@ def main(argv: list[str]) -> int:
     nics: list[dict[str, Any]] = list(hw.get("nics", []))
     if not nics:
         return _panic("can't list IB device names: No such file or directory")
-    down_name = nics[0]["name"] if "ib-port-down" in faults else None
+    down: dict[str, str] = {}
+    if "ib-port-down" in faults:
+        down[nics[0]["name"]] = "Polling"
+    if "ib-rail-down" in faults:
+        down[nics[-1]["name"]] = "Disabled"
     flags = {a for a in args if a.startswith("-")}
     positional = [a for a in args if not a.startswith("-")]
     if flags & {"-l", "--list_of_cas"}:
@@ -156,7 +164,7 @@ def main(argv: list[str]) -> int:
             print(_guid(str(nic.get("port_guid", "")), nic["name"] + "port"))
         return 0
     short = bool(flags & {"-s", "--short"})
-    sys.stdout.write("".join(_ca_block(n, n["name"] == down_name, short) for n in selected))
+    sys.stdout.write("".join(_ca_block(n, down.get(n["name"]), short) for n in selected))
     return 0
 
 

@@ -110,6 +110,7 @@ def _validation_tools(desired: Desired) -> dict[str, str]:
         wanted["libnccl2"] = desired["gpu_validation_tools_nccl_version"]
     if desired["gpu_pool"]["fabric"] in desired["gpu_validation_tools_rdma_fabrics"]:
         wanted["infiniband-diags"] = desired["gpu_validation_tools_infiniband_diags_version"]
+        wanted["openmpi-bin"] = desired["gpu_validation_tools_openmpi_version"]
     return wanted
 
 
@@ -127,6 +128,12 @@ def test_infiniband_diags_only_on_rdma_pools(host: Any, desired: Desired) -> Non
         assert host.exists("ibstat")
     else:
         assert not status.endswith(" installed")
+
+
+def test_mpirun_on_rdma_pools(host: Any, desired: Desired) -> None:
+    # The multi-node pair check (fabric.nccl_pair) launches all_reduce_perf with it.
+    if "openmpi-bin" in _validation_tools(desired):
+        assert host.exists("mpirun") and host.exists("orted")
 
 
 @pytest.mark.parametrize("binary", ["fio", "all_reduce_perf"])

@@ -43,6 +43,9 @@ CASES: list[tuple[str, str, Check]] = [
      lambda out, rc: rc == 9 and "couldn't communicate with the NVIDIA driver" in out),
     ("ib-port-down", "ibstat mlx5_0",
      lambda out, rc: "State: Down" in out and "Rate: 10" in out),
+    # (ib-link-degraded shows only between two nodes: tests/lab/test_fabric.py.)
+    ("ib-rail-down", "ibstat mlx5_7",
+     lambda out, rc: "State: Down" in out and "Physical state: Disabled" in out),
 ]
 HEALTHY_BUSBW: list[float] = []
 

@@ -26,6 +26,7 @@ CONTRACT_FAULTS = {
     "driver-not-loaded", "ib-port-down", "ssh-down", "driver-install-fail",
     "join-fails", "gfd-mismatch",  # the cluster (issue 7)
     "nccl-busbw-drop", "gpu-busy",  # drift (issue 10)
+    "ib-link-degraded", "ib-rail-down",  # the fabric (issue 11)
 }
 
 

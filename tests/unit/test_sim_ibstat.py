@@ -71,6 +71,20 @@ def test_port_down_fault(h100: Path):
     assert all("State: Active" in b for b in blocks[1:])
 
 
+def test_rail_down_and_degraded_link_faults(h100: Path):
+    write_faults(h100, ["ib-rail-down"])
+    blocks = run_sim(h100).stdout.split("CA '")[1:]
+    # The switch disabled the last rail's port: Down/Disabled, no rate, no lids.
+    assert blocks[-1].startswith("mlx5_7'")
+    assert "\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tRate: 10\n" in blocks[-1]
+    assert all("State: Active" in b for b in blocks[:-1])
+    # A marginal link trains at full rate: ibstat cannot tell it from a healthy one.
+    write_faults(h100, ["ib-link-degraded"])
+    degraded = run_sim(h100).stdout
+    write_faults(h100, [])
+    assert degraded == run_sim(h100).stdout
+
+
 def test_node_without_hcas(tmp_path: Path):
     write_hardware(tmp_path, render_host("l40s-pcie-4x", "gpu-l40s-01"))
     out = run_sim(tmp_path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 
+from validate import fabric as fabric_pairs
 from validate.checks import fabric, gpu, nccl, node, storage
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict
 
@@ -19,26 +20,53 @@ REGISTRY: dict[str, Check] = {
 }
 
 
+# Checks that run across nodes rather than on each node (id -> title): run after the per-node
+# checks, and only when --checks names them (a pair test takes two nodes and minutes).
+MULTI_NODE: dict[str, str] = {fabric_pairs.CHECK_ID: fabric_pairs.TITLE}
+
+
 class UnknownCheck(ValueError):
     """A --checks pattern matched no check."""
 
 
+def _patterns(spec: str) -> list[str]:
+    patterns = [p.strip() for p in spec.split(",") if p.strip()]
+    known = [*REGISTRY, *MULTI_NODE]
+    if not patterns:
+        raise UnknownCheck(f"--checks {spec!r} names no check; known: {', '.join(known)}")
+    for pattern in patterns:
+        if not fnmatch.filter(known, pattern):
+            raise UnknownCheck(f"no check matches {pattern!r}; known: {', '.join(known)}")
+    return patterns
+
+
 def select(spec: str | None) -> tuple[Check, ...]:
-    """Checks matching ``spec`` (None: all), in run order. A spec that names no check (``""``,
-    ``","``) or a pattern that matches none is an :class:`UnknownCheck`: a run of zero checks
-    would exit 0 and look like a pass."""
+    """Per-node checks matching ``spec`` (None: all), in run order. A spec that names no check
+    (``""``, ``","``) or a pattern that matches none is an :class:`UnknownCheck`: a run of zero
+    checks would exit 0 and look like a pass. A spec may name only multi-node checks (see
+    :func:`select_multi_node`): then no per-node check is selected."""
     if spec is None:
         return tuple(REGISTRY.values())
-    patterns = [p.strip() for p in spec.split(",") if p.strip()]
-    if not patterns:
-        raise UnknownCheck(f"--checks {spec!r} names no check; known: {', '.join(REGISTRY)}")
-    chosen: set[str] = set()
-    for pattern in patterns:
-        hits = fnmatch.filter(REGISTRY, pattern)
-        if not hits:
-            raise UnknownCheck(f"no check matches {pattern!r}; known: {', '.join(REGISTRY)}")
-        chosen.update(hits)
+    chosen = {cid for pattern in _patterns(spec) for cid in fnmatch.filter(REGISTRY, pattern)}
     return tuple(c for cid, c in REGISTRY.items() if cid in chosen)
 
 
-__all__ = ["REGISTRY", "Check", "NodeContext", "ToolFailure", "UnknownCheck", "Verdict", "select"]
+def select_multi_node(spec: str | None) -> tuple[str, ...]:
+    """Multi-node check ids that ``spec`` names (None or empty: none, they are opt-in)."""
+    if not spec:
+        return ()
+    chosen = {cid for pattern in _patterns(spec) for cid in fnmatch.filter(MULTI_NODE, pattern)}
+    return tuple(cid for cid in MULTI_NODE if cid in chosen)
+
+
+__all__ = [
+    "MULTI_NODE",
+    "REGISTRY",
+    "Check",
+    "NodeContext",
+    "ToolFailure",
+    "UnknownCheck",
+    "Verdict",
+    "select",
+    "select_multi_node",
+]

@@ -1,0 +1,171 @@
+"""The capacity and cost view, checked against an example worked by hand below."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from validate import cost
+from validate.cli import main
+from validate.model import CheckResult, Status
+from validate.report import to_frame, write_report
+
+T0 = pd.Timestamp("2026-03-01T00:00:00+00:00")
+
+
+def _at(hours: float) -> str:
+    return (T0 + pd.Timedelta(hours=hours)).isoformat()
+
+
+def _rows(run_id: str, hours: float, statuses: dict[str, tuple[Status, str]],
+          pool: str = "pool_h100", profile: str = "h100-sxm5-80gb-8x") -> list[CheckResult]:
+    return [CheckResult(run_id, _at(hours), node, pool, profile, check, "", None, "", None,
+                        None, status, code, "", 0.0)
+            for node, (status, code) in statuses.items()
+            for check in ("gpu.count", "fabric.nccl_pair")]
+
+
+OK = (Status.PASS, "ok")
+WARN = (Status.WARN, "gpu.ecc.correctable_high")
+BAD = (Status.FAIL, "fabric.nccl_pair.low_busbw")
+
+# The worked example. Pool of 4 nodes x 8 H100 = 32 GPUs declared; gpu-4 fails, so 24 GPUs
+# are accepted (gpu-3 only warns: accepted) and 8 are out.
+# Costs per hour:
+#   compute     2.00 per GPU-hour x 32 GPUs declared  = 64.00
+#   network     7300 per month / 730 h                = 10.00
+#   storage     3650 per month / 730 h                =  5.00
+#   support      730 per month / 730 h                =  1.00
+#   idle        0.25 per GPU-hour x 32                =  8.00
+#   failed_runs 1460 per month / 730 h                =  2.00
+#   operations  2920 per month / 730 h                =  4.00
+#   total                                             = 94.00 per hour
+# Effective cost per accepted GPU-hour: 94.00 / 24 = 3.916666...
+# History: gpu-4 was accepted at T0, failed at T0+3h and T0+6h (and now, T0+12h): out since
+# T0+3h, 9 hours x 8 GPUs = 72 GPU-hours lost. gpu-2 failed at T0+6h but passes now: nothing
+# is lost now. gpu-1 was not in the T0+6h run: a gap does not end or start a streak.
+INPUTS = {
+    "currency": "USD",
+    "compute": {"per_gpu_hour": 2.0},
+    "network": {"monthly": 7300},
+    "storage": {"monthly": 3650},
+    "support": {"monthly": 730},
+    "idle": {"per_gpu_hour": 0.25},
+    "failed_runs": {"monthly": 1460},
+    "operations": {"monthly": 2920},
+}
+NOW = {"gpu-1": OK, "gpu-2": OK, "gpu-3": WARN, "gpu-4": BAD}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A reports directory holding the example's earlier runs (and one after it)."""
+    root = tmp_path_factory.mktemp("reports")
+    for run_id, hours, statuses in (
+        ("r0", 0, {"gpu-1": OK, "gpu-2": OK, "gpu-3": OK, "gpu-4": OK}),
+        ("r3", 3, {"gpu-1": OK, "gpu-2": OK, "gpu-3": OK, "gpu-4": BAD}),
+        ("r6", 6, {"gpu-2": BAD, "gpu-3": OK, "gpu-4": BAD}),
+        ("later", 20, {"gpu-4": OK}),  # after this run: must not count
+    ):
+        write_report(_rows(run_id, hours, statuses), root, run_id)
+    return root
+
+
+def test_the_worked_example(reports: Path):
+    df = to_frame(_rows("now", 12, NOW))
+    inputs = {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)}
+    (pool,) = cost.for_run(df, inputs, reports, reports / "now")
+    assert (pool.nodes, pool.gpus_declared, pool.gpus_accepted, pool.gpus_out) == (4, 32, 24, 8)
+    (out,) = pool.out
+    assert (out.node, out.gpus, out.codes) == ("gpu-4", 8, ("fabric.nccl_pair.low_busbw",))
+    assert out.since == _at(3)
+    assert out.gpu_hours_lost == pool.gpu_hours_lost == 72.0
+    assert pool.cost_per_hour == pytest.approx(94.0)
+    assert pool.cost_per_accepted_gpu_hour == pytest.approx(94.0 / 24)
+    assert (pool.missing, pool.errors, pool.notes) == ((), (), ())
+    md = cost.markdown([pool])
+    assert "| pool_h100 | 4 | 32 | 24 | 8 | 72 | USD 94.00 | USD 3.92 |" in md
+    assert f"| pool_h100 | gpu-4 | 8 | {_at(3)} | 72 | fabric.nccl_pair.low_busbw |" in md
+    prom = cost.prometheus([pool])
+    for line in ('gpuready_pool_gpus_declared{pool="pool_h100"} 32',
+                 'gpuready_pool_gpus_accepted{pool="pool_h100"} 24',
+                 'gpuready_pool_gpus_out{pool="pool_h100"} 8',
+                 'gpuready_pool_gpus_out_by_code{pool="pool_h100",'
+                 'code="fabric.nccl_pair.low_busbw"} 8',
+                 'gpuready_pool_gpu_hours_lost{pool="pool_h100"} 72.0',
+                 'gpuready_pool_cost_per_hour{pool="pool_h100",currency="USD"} 94.0'):
+        assert line in prom.splitlines()
+    assert "gpuready_pool_cost_input_missing" not in prom
+
+
+def test_a_failure_that_starts_now_has_lost_nothing_yet(tmp_path: Path):
+    df = to_frame(_rows("first", 0, NOW))
+    (pool,) = cost.for_run(df, {}, tmp_path, tmp_path / "first")
+    assert pool.out[0].since == _at(0) and pool.gpu_hours_lost == 0.0
+
+
+def test_missing_inputs_are_named_and_nothing_is_invented():
+    df = to_frame(_rows("now", 12, NOW))
+    partial = {k: v for k, v in INPUTS.items() if k not in ("support", "idle")}
+    (pool,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", partial)})
+    assert pool.missing == ("support", "idle")
+    assert pool.cost_per_hour is None and pool.cost_per_accepted_gpu_hour is None
+    assert pool.gpus_accepted == 24  # capacity still counted: it needs no cost input
+    md = cost.markdown([pool])
+    assert "gpuready_cost lacks support, idle: the effective cost is not computed" in md
+    assert "| USD 94" not in md and "| - | - |" in md
+    prom = cost.prometheus([pool])
+    assert 'gpuready_pool_cost_input_missing{pool="pool_h100",input="support"} 1' in prom
+    assert "gpuready_pool_cost_per_accepted_gpu_hour" not in prom
+    (none,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", None)})
+    assert none.missing == ("currency", *cost.COMPONENTS)
+    assert "no cost inputs (gpuready_cost is not set for this pool)" in cost.markdown([none])
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ({**INPUTS, "network": {"monthly": -1}}, "gpuready_cost.network.monthly must be a number >= 0"),
+    ({**INPUTS, "network": {"weekly": 10}}, "gpuready_cost.network must be one of"),
+    ({**INPUTS, "network": {"monthly": 1, "per_gpu_hour": 1}}, "gpuready_cost.network must be"),
+    ({**INPUTS, "power": {"monthly": 1}}, "unknown keys ['power']"),
+    ({**INPUTS, "compute": {"per_gpu_hour": "2.10"}}, "must be a number >= 0, got '2.10'"),
+    ({**INPUTS, "currency": ""}, "currency must be a non-empty string"),
+    (["USD", 2.1], "gpuready_cost must be a mapping, got list"),
+])
+def test_malformed_inputs_are_named(raw: object, problem: str):
+    parsed = cost.parse_inputs("pool_h100", raw)
+    assert not parsed.complete and any(problem in e for e in parsed.errors), parsed.errors
+    (pool,) = cost.capacity(to_frame(_rows("now", 0, NOW)), {"pool_h100": parsed})
+    assert pool.cost_per_accepted_gpu_hour is None
+    assert problem.split(" must", maxsplit=1)[0] in cost.markdown([pool])
+
+
+def test_no_accepted_gpu_means_no_cost_per_accepted_gpu_hour():
+    df = to_frame(_rows("now", 0, {"gpu-1": BAD, "gpu-2": BAD}))
+    (pool,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)})
+    assert pool.gpus_accepted == 0 and pool.cost_per_accepted_gpu_hour is None
+    assert pool.cost_per_hour == pytest.approx(2.0 * 16 + 10 + 5 + 1 + 0.25 * 16 + 2 + 4)
+    assert "not defined" in cost.markdown([pool])
+
+
+def test_report_carries_the_section_and_renders_it_again(reports: Path):
+    df = to_frame(_rows("now", 12, NOW))
+    inputs = {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)}
+    pools = cost.for_run(df, inputs, reports, reports / "now")
+    report = write_report(df, reports, "now", extra_markdown=cost.markdown(pools),
+                          extra_metrics=cost.prometheus(pools))
+    cost.write_files(report.run_dir, inputs, pools)
+    summary = (report.run_dir / "summary.md").read_text()
+    metrics = (report.run_dir / "metrics.prom").read_text()
+    assert "## Capacity and cost" in summary and "USD 3.92" in summary
+    assert "gpuready_pool_gpu_hours_lost" in metrics
+    assert "gpuready_check_status" in metrics  # the run's own metrics stay
+    table = pd.read_csv(report.run_dir / "capacity.csv")
+    assert table.loc[0, "cost_per_accepted_gpu_hour"] == pytest.approx(94 / 24)
+    # `validate report` renders the same view from the recorded inputs and history.
+    out, err = io.StringIO(), io.StringIO()
+    main(["report", str(report.run_dir)], out, err)
+    assert (report.run_dir / "summary.md").read_text() == summary
+    assert (report.run_dir / "metrics.prom").read_text() == metrics
