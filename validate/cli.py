@@ -510,8 +510,11 @@ def _cmd_report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
             f"note: {run_dir} has no {runinfo.RUN_INFO_FILE}: rendered without the run's "
             "environment label, inventory and profiles\n"
         )
-    # The capacity and cost view from the inputs the run recorded (capacity_inputs.json).
-    extras = cost.report_extras(df, cost.read_inputs(run_dir), run_dir.parent, run_dir)
+    # The capacity and cost view from the inputs the run recorded (capacity_inputs.json); a run
+    # rendered without the view (no such file) is rendered again without it.
+    inputs = cost.read_inputs(run_dir)
+    extras = (cost.report_extras(df, inputs, run_dir.parent, run_dir) if inputs is not None
+              else None)
     report = write_report(
         df,
         run_dir.parent,

@@ -153,10 +153,10 @@ def test_no_accepted_gpu_means_no_cost_per_accepted_gpu_hour():
 def test_report_carries_the_section_and_renders_it_again(reports: Path):
     df = to_frame(_rows("now", 12, NOW))
     inputs = {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)}
-    pools = cost.for_run(df, inputs, reports, reports / "now")
-    report = write_report(df, reports, "now", extra_markdown=cost.markdown(pools),
-                          extra_metrics=cost.prometheus(pools))
-    cost.write_files(report.run_dir, inputs, pools)
+    report = write_report(df, reports, "now",
+                          extras=cost.report_extras(df, inputs, reports, reports / "now"))
+    page = (report.run_dir / "index.html").read_text()
+    assert 'id="capacity"' in page and "USD 3.92" in page
     summary = (report.run_dir / "summary.md").read_text()
     metrics = (report.run_dir / "metrics.prom").read_text()
     assert "## Capacity and cost" in summary and "USD 3.92" in summary
@@ -169,3 +169,4 @@ def test_report_carries_the_section_and_renders_it_again(reports: Path):
     main(["report", str(report.run_dir)], out, err)
     assert (report.run_dir / "summary.md").read_text() == summary
     assert (report.run_dir / "metrics.prom").read_text() == metrics
+    assert (report.run_dir / "index.html").read_text() == page
