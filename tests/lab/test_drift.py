@@ -41,26 +41,32 @@ from validate.model import ExitCode
 HOSTS = tuple(f"node{i}" for i in range(1, 9))
 DROPIN = "/etc/containerd/conf.d/99-nvidia.toml"
 SYSCTL = "/etc/sysctl.d/90-gpuready.conf"
-DRIVER = ("nvidia-driver-550", "nvidia-dkms-550", "nvidia-utils-550", "nvidia-compute-utils-550")
-OLD_DRIVER = "550.54.15-0ubuntu1"
+# The driver packages the nvidia_driver role installs at their exact version and holds on
+# Debian 12 (roles/nvidia_driver/vars/Debian-12.yml).
+DRIVER = ("nvidia-kernel-dkms", "nvidia-driver-cuda", "nvidia-smi", "libnvidia-ml1", "libcuda1",
+          "nvidia-persistenced")
+OLD_DRIVER = "550.54.15-1"  # the older release NVIDIA's debian12 repository carries
 # host -> shell command (over SSH) or lab fault that injects its case
 INJECT: dict[str, str] = {
     "node1": f"sed -i '0,/SystemdCgroup = true/s//SystemdCgroup = false/' {DROPIN}",
-    "node2": "apt-mark unhold nvidia-driver-550",
+    "node2": "apt-mark unhold nvidia-driver-cuda",
     "node3": f"echo 'vm.swappiness = 10' >> {SYSCTL}",
     "node4": "systemctl stop nvidia-persistenced",
-    # Someone installs another driver release by hand (and holds it again): the library
-    # changes, the loaded kernel module stays until a reboot.
-    "node5": ("DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-downgrades "
+    # Someone installs another driver release by hand (every installed package built from the
+    # driver's source, which depend on each other at the exact version) and holds it again:
+    # the library changes, the loaded kernel module stays until a reboot.
+    "node5": ("set -e; pkgs=$(dpkg-query -W -f='${Package} ${source:Package}\\n' "
+              "| awk '$2 == \"nvidia-graphics-drivers\" {print $1}'); "
+              "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-downgrades "
               "--allow-change-held-packages "
-              + " ".join(f"{p}={OLD_DRIVER}" for p in DRIVER) + " >/dev/null && "
-              f"apt-mark hold {' '.join(DRIVER)} >/dev/null"),
+              f"$(for p in $pkgs nvidia-persistenced; do echo $p={OLD_DRIVER}; done) "
+              f">/dev/null; apt-mark hold {' '.join(DRIVER)} >/dev/null"),
 }
 FAULTS = {"node6": "pcie-degraded", "node7": "nccl-busbw-drop", "node8": "gpu-busy"}
 # host -> the (layer, item) findings of status drift the injected run must show, exactly
 EXPECTED: dict[str, set[tuple[str, str]]] = {
     "node1": {("configuration", DROPIN)},
-    "node2": {("versions", "hold nvidia-driver-550")},
+    "node2": {("versions", "hold nvidia-driver-cuda")},
     "node3": {("configuration", SYSCTL)},
     "node4": {("runtime", "service nvidia-persistenced.service"),
               ("runtime", "persistence mode")},
@@ -233,13 +239,13 @@ def test_drift_details_name_what_differs(
     assert "-        SystemdCgroup = false" in dropin["detail"]
     assert "+        SystemdCgroup = true" in dropin["detail"]
     assert "-vm.swappiness = 10" in t.loc[("node3", SYSCTL)]["detail"]
-    hold = t.loc[("node2", "hold nvidia-driver-550")]
+    hold = t.loc[("node2", "hold nvidia-driver-cuda")]
     assert (hold["declared"], hold["actual"]) == ("hold", "install")
     lib = t.loc[("node5", "driver library")]
     assert (lib["declared"], lib["actual"]) == ("550.90.07", "550.54.15")
     assert "Driver/library version mismatch" in t.loc[("node5", "driver module/library")]["detail"]
-    pkg = t.loc[("node5", "package nvidia-utils-550")]
-    assert (pkg["declared"], pkg["actual"]) == ("550.90.07-0ubuntu1", OLD_DRIVER)
+    pkg = t.loc[("node5", "package nvidia-smi")]
+    assert (pkg["declared"], pkg["actual"]) == ("550.90.07-1", OLD_DRIVER)
     width = t.loc[("node6", "gpu.pcie pcie_width")]
     assert width["actual"] == "8 lanes" and "baseline 16" in width["declared"]
     busbw = t.loc[("node7", "nccl.allreduce busbw_gbps")]

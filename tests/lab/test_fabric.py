@@ -29,7 +29,7 @@ from lab import core
 from lab import hosts as lab_hosts
 from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
-from tests.lab.conftest import running_lab, ssh
+from tests.lab.conftest import DEBIAN12_CUDA, lab_apt_sources, running_lab, ssh
 from validate import cli
 from validate.model import ExitCode
 
@@ -37,17 +37,12 @@ POOL_TIMEOUT_S = 30  # inventory/lab/group_vars/all/validate.yml: gpu_thresholds
 # A hung pair is TERMed at the pool's timeout and KILLed 5 s later; allow for a loaded machine.
 HUNG_PAIR_MAX_S = POOL_TIMEOUT_S + 5 + 10
 HOSTS = [f"node{i}" for i in range(1, 7)]
-PROVISION = """set -e
-install -d -m 0755 /etc/apt/keyrings
-python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen(\\
-  "http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
-for r in cuda/debian12/x86_64 extras; do
-  echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg] http://127.0.0.1:{port}/$r/ /"
-done > /etc/apt/sources.list.d/gpuready-lab.list
-apt-get update -qq -o APT::Update::Error-Mode=any
+# The packages bootstrap leaves on a fabric node (NVIDIA's debian12 repository and the site's),
+# installed straight from the lab repository: the roles have their own converge tests.
+PROVISION = """
 export DEBIAN_FRONTEND=noninteractive
-apt-get install -y -qq nvidia-driver-550=550.90.07-0ubuntu1 \\
-  nvidia-fabricmanager-550=550.90.07-0ubuntu1 nccl-tests=2.17.1-1 \\
+apt-get install -y -qq nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \\
+  nvidia-persistenced=550.90.07-1 nvidia-fabricmanager-550=550.90.07-1 nccl-tests=2.17.1-1 \\
   infiniband-diags=2410mlnx54-1.2410068 >/dev/null
 systemctl enable --now nvidia-persistenced nvidia-fabricmanager >/dev/null 2>&1
 test -x /usr/bin/mpirun && test -e /run/gpuready-lab/nv-fabricmanager.pid
@@ -98,7 +93,8 @@ class FabricLab:
 
 def _provision(state: LabState) -> None:
     def one(name: str) -> tuple[str, int, str]:
-        proc = ssh(state.host(name).address, PROVISION.format(port=state.repo_port), timeout=600)
+        script = lab_apt_sources(state.repo_port, DEBIAN12_CUDA, "extras") + PROVISION
+        proc = ssh(state.host(name).address, script, timeout=600)
         return name, proc.returncode, proc.stderr[-2000:]
 
     with ThreadPoolExecutor(max_workers=6) as pool:

@@ -234,7 +234,8 @@ def test_rerender_equals_the_run(full_run: tuple[int, pd.DataFrame, float], lab_
     run_dir = lab_reports / str(results["run_id"].iloc[0])
     copy = tmp_path / run_dir.name
     shutil.copytree(run_dir, copy)
-    kept = ("results.parquet", "results.csv", "run.json")
+    # The run's inputs: its rows, run.json, and the capacity inputs the cost view renders from.
+    kept = ("results.parquet", "results.csv", "run.json", "capacity_inputs.json")
     for rendered in copy.iterdir():
         if rendered.name not in kept:
             rendered.unlink()
