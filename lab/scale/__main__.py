@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 import time
@@ -85,6 +86,9 @@ async def _serve(args: argparse.Namespace, directory: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Clients that go away mid-answer (a killed ssh, a validator's timeout) are what the
+    # harness is for: asyncio's "socket.send() raised exception." for each is noise.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     directory = (args.dir or LabPaths.default().root / "scale").resolve()
     try:
         asyncio.run(_serve(args, directory))
