@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from validate import runner
-from validate.checks import select
+from validate.checks import gpu, select
 from validate.checks.base import Check, NodeContext, Verdict
 from validate.inventory import Node
 from validate.model import ExitCode, Status, exit_code_for
+from validate.parsers import nvidia_smi_xml
 from validate.transport import CommandResult, Unreachable
 from validate.transport.local import LocalTransport
 
@@ -109,9 +110,6 @@ def test_the_xml_is_parsed_once_per_node_and_a_parse_error_reaches_every_check(
 ) -> None:
     """Eight gpu.* checks share one parse of ``-q -x`` (at 1,000 nodes, parsing it per check
     was two thirds of the validator's CPU); a parse error is still every check's row."""
-    from validate.checks import gpu
-    from validate.parsers import nvidia_smi_xml
-
     xml = (fixtures_dir / "nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml").read_text()
     parses: list[str] = []
     real_parse = nvidia_smi_xml.parse
