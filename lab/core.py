@@ -127,12 +127,12 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
     """Boot the fleet. Every input, and what the fleet needs of this machine, is checked
     before anything starts."""
     hosts = plan(fleet, nodes, faults or [], ssh_port)
-    limits.check_fleet(len(hosts), limits.read_limits(fleet_mod.MAX_HOSTS))
     with locked(paths):
         current = running_state(paths)
         if current is not None:
             raise LabError(f"the lab is already running ({len(current.hosts)} hosts, fleet "
                            f"'{current.fleet}'); run `python -m lab down` first")
+        limits.check_fleet(len(hosts), limits.read_limits(fleet_mod.MAX_HOSTS))
         _check_tools()
         _cleanup_leftovers(paths)
         _check_ssh_ports(hosts)

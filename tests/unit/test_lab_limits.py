@@ -102,7 +102,7 @@ def test_memory_and_addresses_are_named_when_they_bind_first() -> None:
 def test_lab_up_refuses_before_starting_anything(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI on this machine's real limits: one more host than fits is refused (exit 2, one
-    line naming the limit) before the lab directory is even created."""
+    line naming the limit) before anything of a lab run exists."""
     monkeypatch.setenv("GPUREADY_LAB_DIR", str(tmp_path / "lab"))
     fits = limits.max_hosts(limits.read_limits(fleet.MAX_HOSTS))
     if fits >= fleet.MAX_HOSTS:
@@ -115,4 +115,5 @@ def test_lab_up_refuses_before_starting_anything(tmp_path: Path,
     assert lines[0].startswith(f"lab: error: {fits + 1} hosts need ")
     assert "sysctl -w fs.inotify.max_user_instances=" in lines[0] or "MemAvailable" in lines[0]
     assert f"at most {fits} hosts" in lines[0]
-    assert not (tmp_path / "lab").exists()
+    assert not (tmp_path / "lab" / "run").exists()
+    assert list((tmp_path / "lab").iterdir()) == [tmp_path / "lab" / "lab.lock"]
