@@ -26,15 +26,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     directory = tmp_path_factory.mktemp("scale")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lab.scale", "serve", "--endpoints", str(ENDPOINTS),
-         "--failure-rate", "0.02", "--fault-rate", "0.02", "--slow-s", "1",
-         "--dir", str(directory)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = directory / "harness.log"  # a file, not a pipe nobody reads that could fill up
+    with log.open("w") as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lab.scale", "serve", "--endpoints", str(ENDPOINTS),
+             "--failure-rate", "0.02", "--fault-rate", "0.02", "--slow-s", "1",
+             "--dir", str(directory)],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=errors, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert "ready" in line, f"harness did not start: {line!r} {proc.stderr.read()!r}"
+        assert "ready" in line, f"harness did not start: {line!r} {log.read_text()!r}"
         assert f"{ENDPOINTS} SIMULATED endpoints (4 failing)" in line
         yield directory
     finally:
