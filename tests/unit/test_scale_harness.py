@@ -69,3 +69,15 @@ def test_every_node_reported_with_its_failures_status_and_code(harness: Path,
     served = [e for e in plan if e.name != victim.name]
     assert problems(served, by_node, checks=11) == []
     assert len(by_node) == ENDPOINTS - 1
+
+
+def test_a_second_harness_on_the_same_addresses_is_one_clear_error(harness: Path,
+                                                                    tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab.scale", "serve", "--endpoints", "2", "--dir", str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("scale harness: error: cannot listen: ")
+    assert "address already in use" in proc.stderr and "GPUREADY_LAB_NET" in proc.stderr
+    assert not (tmp_path / "inventory").exists()
