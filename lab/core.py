@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from lab import controlplane, inventory, repo, rootfs
+from lab import controlplane, inventory, limits, repo, rootfs
 from lab import fleet as fleet_mod
 from lab import hosts as hosts_mod
 from lab.errors import LabError
@@ -124,13 +124,15 @@ def plan(fleet: str, nodes: int | None, faults: list[str], ssh_port: int) -> lis
 def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
        faults: list[str] | None = None, repo_port: int = repo.DEFAULT_PORT,
        ssh_port: int = 22, log: bool = True) -> LabState:
-    """Boot the fleet. Every input is checked before anything starts."""
+    """Boot the fleet. Every input, and what the fleet needs of this machine, is checked
+    before anything starts."""
     hosts = plan(fleet, nodes, faults or [], ssh_port)
     with locked(paths):
         current = running_state(paths)
         if current is not None:
             raise LabError(f"the lab is already running ({len(current.hosts)} hosts, fleet "
                            f"'{current.fleet}'); run `python -m lab down` first")
+        limits.check_fleet(len(hosts), limits.read_limits(fleet_mod.MAX_HOSTS))
         _check_tools()
         _cleanup_leftovers(paths)
         _check_ssh_ports(hosts)

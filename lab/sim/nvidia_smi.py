@@ -114,14 +114,17 @@ def _persistenced_running() -> bool:
 class Node:
     """The GPUs as the driver would report them right now."""
 
-    def __init__(self, hw: dict[str, Any], faults: set[str], version: str) -> None:
+    def __init__(self, hw: dict[str, Any], faults: set[str], version: str,
+                 persistenced: bool | None = None) -> None:
         self.hw = hw
         self.faults = faults
         self.version = version
         self.branch = version.split(".", maxsplit=1)[0]
         self.nvml_version = ".".join(version.split(".")[:2])
         self.cuda_version = CUDA_BY_BRANCH.get(self.branch, str(hw.get("cuda_version", "12.4")))
-        self.persistence = "Enabled" if _persistenced_running() else "Disabled"
+        if persistenced is None:  # a lab host: is the daemon running there now?
+            persistenced = _persistenced_running()
+        self.persistence = "Enabled" if persistenced else "Disabled"
         self.now = time.time()
         gpus = [dict(g) for g in hw.get("gpus", [])]
         if "gpu-missing" in faults and gpus:
@@ -1173,65 +1176,67 @@ def main(argv: list[str]) -> int:
         # A wedged driver: the real tool blocks in an ioctl and prints nothing.
         while True:
             time.sleep(3600)
+    out, rc = respond(argv, version, faults, lambda: _load_json(hw_dir / "hardware.json", None),
+                      _module_check, sys.stdout.isatty())
+    sys.stdout.write(out)
+    return rc
+
+
+def respond(argv: list[str], version: str, faults: set[str],
+            hardware: Callable[[], dict[str, Any] | None],
+            module_check: Callable[[str], str | None], tty: bool = False,
+            persistenced: bool | None = None) -> tuple[str, int]:
+    """What the tool prints on stdout for ``argv``, and its exit status (tool-hang is the
+    caller's: it never returns). ``hardware`` gives hardware.json (None: no devices);
+    ``module_check`` the driver/library mismatch message, if any; ``persistenced`` whether
+    nvidia-persistenced runs (None: look at this machine's processes). The lab's scale harness
+    (lab/scale) answers its endpoints' commands through this too."""
     try:
         opts = _parse(argv)
     except Usage as err:
-        sys.stdout.write(str(err))
-        return RC_INVALID_ARG
-    branch = version.split(".")[0]
+        return str(err), RC_INVALID_ARG
+    branch = version.split(".", maxsplit=1)[0]
     if opts["mode"] == "help":
-        sys.stdout.write(render_help(version))
-        return RC_OK
+        return render_help(version), RC_OK
     if opts["mode"] == "version":
-        sys.stdout.write(render_version(version, CUDA_BY_BRANCH.get(branch, "12.4")))
-        return RC_OK
+        return render_version(version, CUDA_BY_BRANCH.get(branch, "12.4")), RC_OK
     if "driver-not-loaded" in faults:
-        sys.stdout.write(NO_DRIVER)
-        return RC_DRIVER_NOT_LOADED
-    mismatch = _module_check(version)
+        return NO_DRIVER, RC_DRIVER_NOT_LOADED
+    mismatch = module_check(version)
     if mismatch:
-        sys.stdout.write(mismatch)
-        return RC_LIB_MISMATCH
-    hw = _load_json(hw_dir / "hardware.json", None)
+        return mismatch, RC_LIB_MISMATCH
+    hw = hardware()
     if hw is None:
-        sys.stdout.write("No devices were found\n")
-        return RC_NOT_FOUND
-    node = Node(hw, faults, version)
+        return "No devices were found\n", RC_NOT_FOUND
+    node = Node(hw, faults, version, persistenced)
     if not node.gpus:
-        sys.stdout.write("No devices were found\n")
-        return RC_NOT_FOUND
+        return "No devices were found\n", RC_NOT_FOUND
     try:
         gpus = node.select(opts["id"])
     except LookupError:
-        sys.stdout.write("No devices were found\n")
-        return RC_NOT_FOUND
+        return "No devices were found\n", RC_NOT_FOUND
     mode = opts["mode"]
     if mode in ("query-gpu", "query-compute-apps"):
         fmt = opts["format"]
         if not fmt or "csv" not in fmt:
-            sys.stdout.write('"--format=" switch is missing. Please run \'nvidia-smi -h\' '
-                             "for help.\n")
-            return RC_INVALID_ARG
+            return ('"--format=" switch is missing. Please run \'nvidia-smi -h\' '
+                    "for help.\n"), RC_INVALID_ARG
         known = QUERY_FIELDS if mode == "query-gpu" else APP_FIELDS
         for name in opts["fields"] or []:
             if name not in known:
-                sys.stdout.write(f'Field "{name}" is not a valid field to query.\n\n')
-                return RC_INVALID_ARG
+                return f'Field "{name}" is not a valid field to query.\n\n', RC_INVALID_ARG
         if mode == "query-compute-apps":
-            sys.stdout.write(render_compute_apps(node, opts["fields"] or [], fmt))
-        else:
-            sys.stdout.write(render_query_gpu(node, gpus, opts["fields"] or [], fmt))
-    elif mode == "query":
-        sys.stdout.write(render_xml(node, gpus) if opts["xml"] else render_query(node, gpus))
-    elif mode == "list":
-        sys.stdout.write(render_list(node))
-    elif mode == "topo":
-        sys.stdout.write(render_topo(node, sys.stdout.isatty()))
-    elif mode == "nvlink":
-        sys.stdout.write(render_nvlink_status(node, gpus))
-    else:
-        sys.stdout.write(render_table(node))
-    return RC_OK
+            return render_compute_apps(node, opts["fields"] or [], fmt), RC_OK
+        return render_query_gpu(node, gpus, opts["fields"] or [], fmt), RC_OK
+    if mode == "query":
+        return (render_xml(node, gpus) if opts["xml"] else render_query(node, gpus)), RC_OK
+    if mode == "list":
+        return render_list(node), RC_OK
+    if mode == "topo":
+        return render_topo(node, tty), RC_OK
+    if mode == "nvlink":
+        return render_nvlink_status(node, gpus), RC_OK
+    return render_table(node), RC_OK
 
 
 if __name__ == "__main__":

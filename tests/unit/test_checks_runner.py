@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from validate import runner
-from validate.checks import select
+from validate.checks import gpu, select
 from validate.checks.base import Check, NodeContext, Verdict
 from validate.inventory import Node
 from validate.model import ExitCode, Status, exit_code_for
+from validate.parsers import nvidia_smi_xml
 from validate.transport import CommandResult, Unreachable
 from validate.transport.local import LocalTransport
 
@@ -102,6 +103,34 @@ def test_one_nvidia_smi_call_serves_every_gpu_check(fixtures_dir: Path) -> None:
     count = by[("gpu.count", "gpu_count")]
     assert (count.status, count.code, count.value) == (Status.FAIL, "gpu.count.missing", 1.0)
     assert all(r.run_id == "r1" and r.node == "n1" and r.pool == "pool_a100_sxm" for r in rows)
+
+
+def test_the_xml_is_parsed_once_per_node_and_a_parse_error_reaches_every_check(
+    fixtures_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight gpu.* checks share one parse of ``-q -x`` (at 1,000 nodes, parsing it per check
+    was two thirds of the validator's CPU); a parse error is still every check's row."""
+    xml = (fixtures_dir / "nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml").read_text()
+    parses: list[str] = []
+    real_parse = nvidia_smi_xml.parse
+
+    def counting_parse(text: str) -> object:
+        parses.append(text)
+        return real_parse(text)
+
+    monkeypatch.setattr(gpu.nvidia_smi_xml, "parse", counting_parse)
+    t = ScriptedTransport("n1", {("nvidia-smi", "-q", "-x"): _out(xml)})
+    rows = runner.run_node(_node(), select(GPU_QUERY_CHECKS), "r1", t)
+    assert len(parses) == 1 and {r.check for r in rows} == set(GPU_QUERY_CHECKS.split(","))
+    # Cut mid-document: each check reports the same parse error row, parsed once per node.
+    parses.clear()
+    for name in ("n1", "n2"):
+        t = ScriptedTransport(name, {("nvidia-smi", "-q", "-x"): _out(xml[: len(xml) // 2])})
+        rows = runner.run_node(_node(name), select(GPU_QUERY_CHECKS), "r1", t)
+        assert {r.check for r in rows} == set(GPU_QUERY_CHECKS.split(","))
+        assert {(r.status, r.code) for r in rows} == {(Status.ERROR, "tool.parse_error")}
+        assert len({r.detail for r in rows}) == 1
+    assert len(parses) == 2
 
 
 def test_driver_not_loaded_capture_fails_gpu_checks(fixtures_dir: Path) -> None:

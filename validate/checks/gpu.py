@@ -38,7 +38,7 @@ NVSMI_NVLINK = ("nvidia-smi", "nvlink", "-s")
 
 def smi_log(ctx: NodeContext) -> NvidiaSmiLog:
     """The node's ``nvidia-smi -q -x``, run once per node per run."""
-    return parsed(nvidia_smi_xml.parse, ctx.output(NVSMI_XML).stdout, "nvidia-smi -q -x")
+    return ctx.parsed_output(NVSMI_XML, nvidia_smi_xml.parse, "nvidia-smi -q -x")
 
 
 def _gpu_label(gpu: GpuInfo) -> str:
