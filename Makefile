@@ -19,6 +19,7 @@ STAMP_PY := $(VENV)/.installed-requirements
 STAMP_DEBS := .lab/.installed-debs
 PYTEST_ARGS ?=
 NODES ?= 8
+LAB_INOTIFY_INSTANCES := 1024
 
 .PHONY: help setup lint unit lab-test test demo lab-up lab-down lab-status bench clean
 
@@ -26,6 +27,14 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 setup: $(STAMP_PY) $(STAMP_DEBS) ## create .venv, install pinned Python deps and the lab's Debian packages
+	@# Each booted lab host holds 8 inotify instances (lab/limits.py) and the largest test fleet
+	@# has 16: with the common default of 128 those alone would use all of them. Raised for this
+	@# boot only (not persisted); where it cannot be raised, `lab up` names the limit and refuses.
+	@have=$$(cat /proc/sys/fs/inotify/max_user_instances); want=$(LAB_INOTIFY_INSTANCES); \
+	if [ "$$have" -lt "$$want" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "setup: fs.inotify.max_user_instances $$have -> $$want for the lab (sysctl, until reboot)"; \
+	  sysctl -qw fs.inotify.max_user_instances=$$want || echo "setup: could not raise it; lab up will say which fleets fit"; \
+	fi
 
 $(STAMP_PY): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
