@@ -296,10 +296,11 @@ class SSHTransport:
         if isinstance(sock, socket.socket):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        if client is not None:
-            client.close()
-        for jump in reversed(jumps):
-            jump.close()
+        # Through a jump host the node's "socket" is a channel of the jump's connection, which
+        # the shutdown above has already ended: closing it can only fail, and must not raise.
+        for each in ([client] if client is not None else []) + jumps[::-1]:
+            with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+                each.close()
         if sock is not None:
             sock.close()
 
