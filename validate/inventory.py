@@ -42,6 +42,9 @@ _USED_VARS = (
     "ansible_ssh_common_args",
     "ansible_ssh_extra_args",
     "ansible_connection",
+    "ansible_become",
+    "ansible_become_user",
+    "ansible_become_method",
     "gpuready_ssh_known_hosts",
     "gpuready_ssh_accept_unknown_host_keys",
     "gpu_profile",
@@ -105,6 +108,9 @@ class Node:
     gpu_pool: Mapping[str, str]
     vars: Mapping[str, Any] = field(default_factory=dict)
     route: Route | None = None
+    # ansible_become: the user a command that needs root runs as, through `sudo -n -u`; None
+    # when the inventory does not become (commands run as the login user).
+    become_user: str | None = None
 
 
 def _boolean(host: str, var: str, value: Any) -> bool:
@@ -140,6 +146,22 @@ def _template(host: str, templar: Templar, raw: Mapping[str, Any]) -> dict[str, 
                 f"host {host}: variable {var} cannot be templated: {type(exc).__name__}: {reason}"
             ) from None
     return used
+
+
+def _become(host: str, used: Mapping[str, Any]) -> str | None:
+    """The become user, when ansible_become is true; only sudo is supported."""
+    if not _boolean(host, "ansible_become", used.get("ansible_become", False)):
+        return None
+    method = str(used.get("ansible_become_method") or "sudo")
+    if method != "sudo":
+        raise InventoryError(
+            f"host {host}: ansible_become_method is {method!r}; the validators become root only "
+            "with sudo (sudo -n, passwordless): set ansible_become_method: sudo"
+        )
+    user = str(used.get("ansible_become_user") or "root")
+    if not user or user.startswith("-"):
+        raise InventoryError(f"host {host}: ansible_become_user is {user!r}, not a user name")
+    return user
 
 
 def _check_limit(inventory: InventoryManager, source: Path, limit: str) -> None:
@@ -212,6 +234,7 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
                 gpu_pool={str(k): str(v) for k, v in dict(gpu_pool).items()},
                 vars=used,
                 route=route,
+                become_user=_become(host.name, used),
             )
         )
     return tuple(sorted(nodes, key=lambda n: n.name))

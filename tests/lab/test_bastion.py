@@ -25,11 +25,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from lab import logins
 from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
 from tests.lab.conftest import running_lab, ssh
 from validate import cli
-from validate.model import CODE_HOSTKEY
+from validate.model import CODE_HOSTKEY, CODE_SUDO_DENIED
 
 BEHIND = "gpu-behind-bastion"  # node2's name, resolved only by the bastion
 
@@ -40,6 +41,7 @@ def fleet() -> Iterator[LabState]:
         bastion, target = state.host("node1"), state.host("node2")
         proc = ssh(bastion.address, f"echo '{target.address} {BEHIND}' >> /etc/hosts")
         assert proc.returncode == 0, proc.stderr
+        logins.user_login(LabPaths.default(), "node2")
         yield state
 
 
@@ -67,7 +69,8 @@ def _inventory(tmp: Path, state: LabState, wrong_key: str = "") -> Path:
         "ansible_user": "root", "ansible_ssh_private_key_file": str(paths.ssh_key),
         "ansible_ssh_common_args": common,
     }, "children": {"gpu_nodes": {"children": {target.pool: {"hosts": {
-        "node2": {"ansible_host": BEHIND}}}}}}}}
+        "node2": {"ansible_host": BEHIND, "ansible_user": logins.LOGIN_USER,
+                  "ansible_become": True}}}}}}}}
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     return inv
 
@@ -87,18 +90,25 @@ def test_the_node_is_not_reachable_directly(fleet: LabState, tmp_path: Path) -> 
     assert "Could not resolve hostname" in proc.stderr
 
 
+def test_the_node_refuses_root_logins(fleet: LabState) -> None:
+    proc = ssh(fleet.host("node2").address, "true", timeout=30)
+    assert proc.returncode != 0
+    assert "Permission denied" in proc.stderr
+
+
 def test_ansible_reaches_the_node_through_the_bastion(fleet: LabState, tmp_path: Path) -> None:
     inv = _inventory(tmp_path, fleet)
     (tmp_path / "runner").mkdir()
     run = ansible_runner.run(private_data_dir=str(tmp_path / "runner"), inventory=str(inv),
                              host_pattern="node2", module="ansible.builtin.command",
-                             module_args="hostname", quiet=True,
+                             module_args="id -un", quiet=True,
                              envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
                                       "PATH": f"{Path(sys.executable).parent}:"
                                               f"{os.environ['PATH']}"})
     assert run.status == "successful", run.stdout.read()[-2000:]
     ok = [e["event_data"]["res"] for e in run.events if e.get("event") == "runner_on_ok"]
-    assert [r["stdout"] for r in ok] == ["node2"]
+    # Logged in as the unprivileged user, become root with sudo (ansible_become).
+    assert [r["stdout"] for r in ok] == ["root"]
 
 
 def test_validate_reaches_the_node_through_the_bastion(fleet: LabState, tmp_path: Path) -> None:
@@ -119,3 +129,18 @@ def test_a_wrong_host_key_at_either_hop_is_a_clear_error_row(
     assert rows["detail"].str.contains(f"{hop}host key mismatch").all(), rows["detail"]
     if wrong_key == "node":
         assert not rows["detail"].str.contains("jump host").any()
+
+
+def test_a_missing_sudo_right_is_an_error_row_naming_the_command(
+        fleet: LabState, tmp_path: Path) -> None:
+    paths = LabPaths.default()
+    logins.user_login(paths, "node2", sudo=False)
+    try:
+        rows = _validate(_inventory(tmp_path, fleet), tmp_path / "reports")
+    finally:
+        logins.user_login(paths, "node2")
+    assert set(rows["status"]) == {"error"}
+    assert set(rows["code"]) == {CODE_SUDO_DENIED}
+    detail = rows["detail"].iloc[0]
+    assert "sudo -n refused journalctl --no-pager" in detail, detail
+    assert f"for {logins.LOGIN_USER}" in detail
