@@ -28,7 +28,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 from ansible.vars.manager import VariableManager
 
-from validate.transport.route import Route, RouteError, resolve
+from validate.transport.route import Route, RouteError, resolve, tcp_port
 
 PARENT_GROUP = "gpu_nodes"
 
@@ -125,12 +125,9 @@ def _boolean(host: str, var: str, value: Any) -> bool:
 
 def _port(host: str, value: Any) -> int:
     try:
-        port = int(str(value))
-    except ValueError:
-        port = 0
-    if isinstance(value, bool) or not 0 < port < 65536:
-        raise InventoryError(f"host {host}: ansible_port is {value!r}, not a TCP port")
-    return port
+        return tcp_port(value, "ansible_port")
+    except RouteError as exc:
+        raise InventoryError(f"host {host}: {exc}") from None
 
 
 def _template(host: str, templar: Templar, raw: Mapping[str, Any]) -> dict[str, Any]:

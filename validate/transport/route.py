@@ -102,7 +102,8 @@ def _options(args: str, where: str) -> dict[str, str]:
     return found
 
 
-def _port(value: object, where: str) -> int:
+def tcp_port(value: object, where: str) -> int:
+    """``value`` as a TCP port; a RouteError naming ``where`` otherwise."""
     try:
         port = int(str(value))
     except ValueError:
@@ -154,7 +155,7 @@ def _jump(spec: str, config: paramiko.SSHConfig, fallback_keys: tuple[Path, ...]
     return Hop(
         name=host,
         address=str(looked.get("hostname", host)),
-        port=_port(_first(port, looked.get("port"), 22), f"ProxyJump {spec!r} port"),
+        port=tcp_port(_first(port, looked.get("port"), 22), f"ProxyJump {spec!r} port"),
         user=_first(user, looked.get("user"), "root") or "root",
         # A jump host with no key of its own is tried with the node's (a common bastion setup);
         # the ssh-agent is offered at every hop.
@@ -207,7 +208,7 @@ def resolve(name: str, hostvars: Mapping[str, object], default_user: str = "root
     target = Hop(
         name=name,
         address=_first(options.get("hostname"), looked.get("hostname"), given) or given,
-        port=_port(_first(hostvars.get("ansible_port"), options.get("port"), looked.get("port"),
+        port=tcp_port(_first(hostvars.get("ansible_port"), options.get("port"), looked.get("port"),
                           22), port_var),
         user=_first(hostvars.get("ansible_user"), options.get("user"), looked.get("user"),
                     default_user) or default_user,
@@ -235,4 +236,4 @@ def resolve(name: str, hostvars: Mapping[str, object], default_user: str = "root
     )
 
 
-__all__ = ["Hop", "Route", "RouteError", "resolve"]
+__all__ = ["Hop", "Route", "RouteError", "resolve", "tcp_port"]
