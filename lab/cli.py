@@ -1,4 +1,4 @@
-"""`python -m lab up|down|status|fault|faults`: the simulated GPU fleet on this machine.
+"""`python -m lab up|down|status|fault|faults|login`: the simulated GPU fleet on this machine.
 
 Every error is one line naming the problem (exit 2); a failed `up` leaves nothing running and a
 refused `up` on a running lab leaves that lab as it was.
@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TextIO
 
-from lab import controlplane, core, hardware, hosts, repo
+from lab import controlplane, core, hardware, hosts, logins, repo
 from lab.errors import LabError
 from lab.paths import LabPaths
 
@@ -40,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     fault.add_argument("--remove", action="append", default=[], metavar="FAULT")
     fault.add_argument("--clear", action="store_true", help="remove every fault")
     sub.add_parser("faults", help="list the faults the lab can inject")
+    login = sub.add_parser("login", help="log into a running host as an unprivileged user with "
+                                         "passwordless sudo, root login refused")
+    login.add_argument("host")
+    login.add_argument("--user", default=logins.LOGIN_USER)
+    login.add_argument("--no-sudo", action="store_true", help="give the user no sudo right")
     return parser
 
 
@@ -72,6 +77,11 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout,
                 raise LabError("fault: name faults to add, --remove FAULT or --clear")
             host = core.set_faults(paths, args.host, args.faults, args.remove, args.clear)
             print(f"lab: {host.name} faults: {', '.join(host.faults) or 'none'}", file=stdout)
+        elif args.command == "login":
+            logins.user_login(paths, args.host, args.user, sudo=not args.no_sudo)
+            print(f"lab: {args.host} takes logins as {args.user} "
+                  f"({'no sudo' if args.no_sudo else 'passwordless sudo'}); root login refused; "
+                  f"set ansible_user: {args.user} and ansible_become: true for it", file=stdout)
         elif args.command == "faults":
             width = max(map(len, hardware.FAULTS))
             for name, what in sorted(hardware.FAULTS.items()):

@@ -147,6 +147,13 @@ ACTIONS: dict[str, Action] = {
         "if the format is new, keep the output as a capture and extend the parser.",
         SUITE,
     ),
+    "tool.sudo_denied": Action(
+        "The inventory says to become root (ansible_become), but sudo -n refused the command "
+        "named in the detail: the login user has no passwordless sudo right for it.",
+        "Give ansible_user passwordless sudo on the node (a sudoers.d drop-in with NOPASSWD), "
+        "as Ansible's become needs too, or log in as a user that may read the kernel log.",
+        SUITE,
+    ),
     "tool.not_found": Action(
         "The tool is not installed on the node.",
         "Converge the node (playbooks/bootstrap.yml, tag gpu_validation_tools) so the pinned "

@@ -17,7 +17,6 @@ run.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,8 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 from ansible.vars.manager import VariableManager
 
+from validate.transport.route import Route, RouteError, resolve, tcp_port
+
 PARENT_GROUP = "gpu_nodes"
 
 # Vars whose values the validators read; only these are templated (templating every var would
@@ -39,7 +40,11 @@ _USED_VARS = (
     "ansible_user",
     "ansible_ssh_private_key_file",
     "ansible_ssh_common_args",
+    "ansible_ssh_extra_args",
     "ansible_connection",
+    "ansible_become",
+    "ansible_become_user",
+    "ansible_become_method",
     "gpuready_ssh_known_hosts",
     "gpuready_ssh_accept_unknown_host_keys",
     "gpu_profile",
@@ -85,6 +90,9 @@ class Node:
     """One GPU host as the validators see it.
 
     ``vars`` holds the templated values of the variables listed in ``_USED_VARS`` that are set.
+    ``route`` is how Ansible's ssh would reach it (jump hosts, proxy command, every known_hosts
+    file); ``address``/``port``/``user``/``key_file`` are its target hop, ``known_hosts`` the
+    first of its files.
     """
 
     name: str
@@ -99,23 +107,10 @@ class Node:
     profile: str
     gpu_pool: Mapping[str, str]
     vars: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _known_hosts_from_args(common_args: str) -> Path | None:
-    """``-o UserKnownHostsFile=<path>`` from ansible_ssh_common_args, if present."""
-    words = shlex.split(common_args)
-    for i, word in enumerate(words):
-        opt = word
-        if word == "-o" and i + 1 < len(words):
-            opt = words[i + 1]
-        elif word.startswith("-o"):
-            opt = word[2:]
-        else:
-            continue
-        key, _, value = opt.partition("=")
-        if key.strip().lower() == "userknownhostsfile" and value.strip():
-            return Path(value.strip().split()[0]).expanduser()
-    return None
+    route: Route | None = None
+    # ansible_become: the user a command that needs root runs as, through `sudo -n -u`; None
+    # when the inventory does not become (commands run as the login user).
+    become_user: str | None = None
 
 
 def _boolean(host: str, var: str, value: Any) -> bool:
@@ -130,12 +125,9 @@ def _boolean(host: str, var: str, value: Any) -> bool:
 
 def _port(host: str, value: Any) -> int:
     try:
-        port = int(str(value))
-    except ValueError:
-        port = 0
-    if isinstance(value, bool) or not 0 < port < 65536:
-        raise InventoryError(f"host {host}: ansible_port is {value!r}, not a TCP port")
-    return port
+        return tcp_port(value, "ansible_port")
+    except RouteError as exc:
+        raise InventoryError(f"host {host}: {exc}") from None
 
 
 def _template(host: str, templar: Templar, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,6 +143,22 @@ def _template(host: str, templar: Templar, raw: Mapping[str, Any]) -> dict[str, 
                 f"host {host}: variable {var} cannot be templated: {type(exc).__name__}: {reason}"
             ) from None
     return used
+
+
+def _become(host: str, used: Mapping[str, Any]) -> str | None:
+    """The become user, when ansible_become is true; only sudo is supported."""
+    if not _boolean(host, "ansible_become", used.get("ansible_become", False)):
+        return None
+    method = str(used.get("ansible_become_method") or "sudo")
+    if method != "sudo":
+        raise InventoryError(
+            f"host {host}: ansible_become_method is {method!r}; the validators become root only "
+            "with sudo (sudo -n, passwordless): set ansible_become_method: sudo"
+        )
+    user = str(used.get("ansible_become_user") or "root")
+    if not user or user.startswith("-"):
+        raise InventoryError(f"host {host}: ansible_become_user is {user!r}, not a user name")
+    return user
 
 
 def _check_limit(inventory: InventoryManager, source: Path, limit: str) -> None:
@@ -196,25 +204,23 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
         profile = used.get("gpu_profile")
         if not isinstance(profile, str) or not profile:
             raise InventoryError(f"host {host.name}: gpu_profile is not set (pool {host_pools[0]})")
-        key_file = used.get("ansible_ssh_private_key_file")
-        known = used.get("gpuready_ssh_known_hosts")
-        known_path = (
-            Path(str(known)).expanduser()
-            if known
-            else _known_hosts_from_args(str(used.get("ansible_ssh_common_args", "")))
-        )
+        _port(host.name, used.get("ansible_port", 22))
+        try:
+            route = resolve(host.name, used)
+        except RouteError as exc:
+            raise InventoryError(f"host {host.name}: {exc}") from None
         gpu_pool = used.get("gpu_pool") or {}
         if not isinstance(gpu_pool, Mapping):
             raise InventoryError(f"host {host.name}: gpu_pool must be a mapping, got {gpu_pool!r}")
         nodes.append(
             Node(
                 name=host.name,
-                address=str(used.get("ansible_host", host.name)),
-                port=_port(host.name, used.get("ansible_port", 22)),
-                user=str(used.get("ansible_user", "root")),
+                address=route.target.address,
+                port=route.target.port,
+                user=route.target.user,
                 connection=str(used.get("ansible_connection", "ssh")),
-                key_file=Path(str(key_file)).expanduser() if key_file else None,
-                known_hosts=known_path,
+                key_file=route.target.key_files[0] if route.target.key_files else None,
+                known_hosts=route.known_hosts[0] if route.known_hosts else None,
                 accept_unknown_host_keys=_boolean(
                     host.name,
                     "gpuready_ssh_accept_unknown_host_keys",
@@ -224,6 +230,8 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
                 profile=profile,
                 gpu_pool={str(k): str(v) for k, v in dict(gpu_pool).items()},
                 vars=used,
+                route=route,
+                become_user=_become(host.name, used),
             )
         )
     return tuple(sorted(nodes, key=lambda n: n.name))

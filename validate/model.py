@@ -80,6 +80,8 @@ CODE_TIMEOUT = "tool.timeout"
 CODE_EXIT = "tool.exit_nonzero"
 CODE_PARSE = "tool.parse_error"
 CODE_NOT_FOUND = "tool.not_found"
+# ansible_become is set but `sudo -n` refused a command that needs root (no passwordless right).
+CODE_SUDO_DENIED = "tool.sudo_denied"
 CODE_INTERNAL = "check.internal_error"
 CODE_OUTPUT_LIMIT = "tool.output_too_large"
 CODE_NON_FINITE = "check.non_finite_value"

@@ -110,8 +110,17 @@ def default_transport(
             known_hosts=node.known_hosts,
             accept_unknown_host_keys=accept_unknown_host_keys or node.accept_unknown_host_keys,
             max_output_bytes=max_output_bytes,
+            **_route_settings(node),
         )
     )
+
+
+def _route_settings(node: Node) -> dict[str, object]:
+    """Jump hosts, proxy command and every known_hosts file of the node's route."""
+    if node.route is None:
+        return {}
+    return {"jumps": node.route.jumps, "proxy_command": node.route.proxy_command,
+            "more_known_hosts": node.route.known_hosts[1:]}
 
 
 def _now() -> str:

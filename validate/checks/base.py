@@ -25,6 +25,7 @@ from validate.model import (
     CODE_NOT_FOUND,
     CODE_OUTPUT_LIMIT,
     CODE_PARSE,
+    CODE_SUDO_DENIED,
     CODE_TIMEOUT,
     Status,
 )
@@ -128,11 +129,15 @@ class NodeContext:
         *,
         cached: bool = True,
         tool: str | None = None,
+        root: bool = False,
     ) -> CommandResult:
         """Run argv (once per node per run when ``cached``). Transport errors propagate, and a
         cached transport error is raised again without retrying. ``tool`` names what runs
-        (default ``argv[0]``; a script names the tool it drives) for the timed-out rule."""
-        key = tuple(argv)
+        (default ``argv[0]``; a script names the tool it drives) for the timed-out rule.
+        ``root``: the command needs root; with ansible_become it runs through ``sudo -n``."""
+        plain = tuple(argv)
+        key = self.as_root(plain) if root else plain
+        tool = tool or (plain[0] if plain else None)
         if cached and key in self._cache:
             hit = self._cache[key]
             if isinstance(hit, TransportError):
@@ -156,6 +161,15 @@ class NodeContext:
             self._cache[key] = result
         return result
 
+    def as_root(self, argv: Sequence[str]) -> tuple[str, ...]:
+        """argv as a command that needs root runs: through ``sudo -n -u <become user> --``
+        when the inventory becomes (ansible_become), else unchanged (the login user runs it;
+        as root when ansible_user is root). ``-n``: sudo never waits for a password."""
+        user = self.node.become_user
+        if user is None:
+            return tuple(argv)
+        return ("sudo", "-n", "-u", user, "--", *argv)
+
     def output(
         self,
         argv: Sequence[str],
@@ -163,12 +177,16 @@ class NodeContext:
         *,
         ok_rcs: tuple[int, ...] = (0,),
         cached: bool = True,
+        root: bool = False,
     ) -> CommandResult:
-        """Like :meth:`run`, but a timeout, too much output, a missing tool or an exit status
-        outside ``ok_rcs`` raises :class:`ToolFailure`."""
-        result = self.run(argv, timeout, cached=cached)
-        check_result(result)
-        tool = result.argv[0] if result.argv else "?"
+        """Like :meth:`run`, but a timeout, too much output, a missing tool, sudo's refusal or
+        an exit status outside ``ok_rcs`` raises :class:`ToolFailure`."""
+        plain = tuple(argv)
+        result = self.run(plain, timeout, cached=cached, root=root)
+        check_result(result, plain[0] if plain else None)
+        if result.argv != plain:  # run through sudo
+            _check_sudo(result, plain, self.node.user)
+        tool = plain[0] if plain else "?"
         if result.rc in ok_rcs:
             return result
         if tool == "nvidia-smi" and _NO_DRIVER.search(result.stdout + result.stderr):
@@ -181,7 +199,6 @@ class NodeContext:
             raise ToolFailure(CODE_NOT_FOUND, f"{tool}: command not found on the node")
         tail = (result.stderr.strip() or result.stdout.strip())[-300:]
         raise ToolFailure(CODE_EXIT, f"{tool} exited {result.rc}: {tail}")
-
 
     def parsed_output(self, argv: Sequence[str], parser: Callable[[str], T], what: str) -> T:
         """``parsed(parser, self.output(argv).stdout, what)``, parsed once per node: eight
@@ -199,6 +216,19 @@ class NodeContext:
         if isinstance(hit, ToolFailure):
             raise hit
         return cast(T, hit)
+
+
+def _check_sudo(result: CommandResult, argv: tuple[str, ...], login: str) -> None:
+    """ToolFailure naming the command when sudo itself refused it (no passwordless right, no
+    sudo on the node); the command's own failures pass through."""
+    err = result.stderr.strip()
+    if result.rc == 127 and "sudo" in err and "not found" in err:
+        raise ToolFailure(CODE_SUDO_DENIED,
+                          f"ansible_become is set but sudo is not installed: {shlex.join(argv)} "
+                          f"needs root")
+    if result.rc == 1 and err.startswith("sudo:"):
+        raise ToolFailure(CODE_SUDO_DENIED,
+                          f"sudo -n refused {shlex.join(argv)} for {login}: {err[-200:]}")
 
 
 def check_result(result: CommandResult, tool: str | None = None) -> None:

@@ -524,7 +524,9 @@ class GpuXid(Check):
             "--since",
             window,
         )
-        events = parsed(xid.parse, ctx.output(argv).stdout, "journalctl (kernel log)")
+        # The system journal (kernel messages included) is readable by root and a few groups
+        # only: a login user without them would read an empty log and pass.
+        events = parsed(xid.parse, ctx.output(argv, root=True).stdout, "journalctl (kernel log)")
         p = ctx.profile
         return judge_xid(
             events,

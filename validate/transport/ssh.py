@@ -61,6 +61,7 @@ from validate.transport.base import (
     Unresponsive,
 )
 from validate.transport.capture import Capture
+from validate.transport.route import Hop
 
 LOG = logging.getLogger(__name__)
 
@@ -198,6 +199,16 @@ class SSHConfig:
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     backstop_s: float = BACKSTOP_S
     extra: dict[str, str] = field(default_factory=dict)
+    # The way there (validate/transport/route.py): jump hosts in order, or a proxy command; and
+    # more known_hosts files trusted besides ``known_hosts`` (for every hop).
+    jumps: tuple[Hop, ...] = ()
+    proxy_command: str | None = None
+    more_known_hosts: tuple[Path, ...] = ()
+
+    @property
+    def known_hosts_files(self) -> tuple[Path, ...]:
+        first = (self.known_hosts,) if self.known_hosts is not None else ()
+        return first + tuple(p for p in self.more_known_hosts if p != self.known_hosts)
 
     @classmethod
     def with_step_timeout(cls, step_timeout_s: float, **kwargs: object) -> SSHConfig:
@@ -211,8 +222,9 @@ class SSHConfig:
 class _RecordingPolicy(paramiko.MissingHostKeyPolicy):
     """Accept an unknown key only when the user opted in; always remember what was seen."""
 
-    def __init__(self, accept: bool) -> None:
+    def __init__(self, accept: bool, label: str = "") -> None:
         self.accept = accept
+        self.label = label  # "jump host user@addr:port: " for a hop in front of the node
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
@@ -220,8 +232,8 @@ class _RecordingPolicy(paramiko.MissingHostKeyPolicy):
         if not self.accept:
             raise HostKeyRejected(
                 hostname,
-                f"unknown {key.get_name()} host key {key.fingerprint}; add it to known_hosts "
-                "or accept unknown host keys explicitly",
+                f"{self.label}unknown {key.get_name()} host key {key.fingerprint}; add it to "
+                "known_hosts or accept unknown host keys explicitly",
             )
         LOG.warning("%s: accepting unknown host key %s (opt-in)", hostname, key.fingerprint)
 
@@ -244,7 +256,9 @@ class SSHTransport:
         self._lock = threading.Lock()  # one command at a time
         self._state = threading.Lock()  # guards the fields below (never held while blocking)
         self._client: paramiko.SSHClient | None = None
-        self._sock: socket.socket | None = None
+        # The first hop's socket (or the proxy command); jump clients in front of the node.
+        self._sock: socket.socket | paramiko.ProxyCommand | None = None
+        self._jumps: list[paramiko.SSHClient] = []
         self._connection_done: threading.Event | None = None  # stops that connection's keepalive
         self._step: _Step | None = None
         self._keepalive_since: float | None = None
@@ -274,15 +288,19 @@ class SSHTransport:
         every paramiko wait on it, closing the transport closes its channels."""
         with self._state:
             client, sock, done = self._client, self._sock, self._connection_done
+            jumps, self._jumps = self._jumps, []
             self._client = self._sock = self._connection_done = None
             self._keepalive_since = None
         if done is not None:
             done.set()
-        if sock is not None:
+        if isinstance(sock, socket.socket):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        if client is not None:
-            client.close()
+        # Through a jump host the node's "socket" is a channel of the jump's connection, which
+        # the shutdown above has already ended: closing it can only fail, and must not raise.
+        for each in ([client] if client is not None else []) + jumps[::-1]:
+            with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+                each.close()
         if sock is not None:
             sock.close()
 
@@ -362,12 +380,12 @@ class SSHTransport:
 
     # ------------------------------------------------------------------ connecting
 
-    def _open_socket(self) -> socket.socket:
+    def _open_socket(self, address: str, port: int, label: str) -> socket.socket:
         cfg = self.config
         try:
-            infos = socket.getaddrinfo(cfg.address, cfg.port, type=socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError) as exc:
-            raise Unreachable(cfg.host, f"cannot resolve {cfg.address}: {exc}") from exc
+            raise Unreachable(cfg.host, f"{label}cannot resolve {address}: {exc}") from exc
         last: OSError | None = None
         for family, kind, proto, _, addr in infos:
             sock = socket.socket(family, kind, proto)
@@ -381,90 +399,61 @@ class SSHTransport:
                 continue
             return sock
         reason = str(last) or type(last).__name__ if last else "no address"
-        raise Unreachable(cfg.host, f"{cfg.address}:{cfg.port}: {reason}")
+        raise Unreachable(cfg.host, f"{label}{address}:{port}: {reason}")
 
-    def _connect(self) -> paramiko.SSHClient:
+    def _first_hop(self) -> None:
+        """Connect to the first hop (the node, the first jump host, or the proxy command) and
+        keep it as ``self._sock`` for :meth:`_drop`."""
         cfg = self.config
-        client = paramiko.SSHClient()
-        if cfg.known_hosts is not None:
+        sock: socket.socket | paramiko.ProxyCommand
+        if cfg.proxy_command is not None:
             try:
-                known = _known_hosts_cached(cfg.known_hosts)
-            except OSError as exc:
-                raise HostKeyRejected(cfg.host, f"cannot read known_hosts: {exc}") from exc
-            # paramiko looks a host up under "addr" (port 22) or "[addr]:port"; only those
-            # entries go into this connection's store (HostKeys.add is linear per entry).
-            lookup = cfg.address if cfg.port == 22 else f"[{cfg.address}]:{cfg.port}"
-            store = client.get_host_keys()
-            for name, key in known.entries:
-                if _name_matches(name, lookup):
-                    store.add(name, key.get_name(), key)
-            revoked = known.revoked
+                sock = paramiko.ProxyCommand(cfg.proxy_command)
+            except (OSError, paramiko.SSHException) as exc:
+                raise Unreachable(cfg.host, f"ProxyCommand {cfg.proxy_command!r}: {exc}") from exc
         else:
-            revoked = ()
-        client.set_missing_host_key_policy(_RecordingPolicy(cfg.accept_unknown_host_keys))
-        pkey: paramiko.PKey | None = None
-        if cfg.key_file is not None:
-            try:
-                pkey = paramiko.PKey.from_path(cfg.key_file)
-            except (OSError, paramiko.SSHException, ValueError) as exc:
-                raise AuthFailed(cfg.host, f"cannot load key {cfg.key_file}: {exc}") from exc
-        sock = self._open_socket()
+            first = cfg.jumps[0] if cfg.jumps else None
+            sock = (self._open_socket(first.address, first.port, f"jump host {first}: ")
+                    if first else self._open_socket(cfg.address, cfg.port, ""))
         with self._state:
             if self._aborted is not None:
                 sock.close()
                 raise self._aborted
             self._sock, self._failure = sock, None
-        # paramiko bounds each handshake step itself; the watchdog bounds their sum.
-        budget = cfg.connect_timeout_s + cfg.banner_timeout_s + cfg.auth_timeout_s + 2.0
-        try:
-            with self._stepping("SSH handshake", budget, Unreachable):
-                client.connect(
-                    cfg.address,
-                    port=cfg.port,
-                    username=cfg.user,
-                    pkey=pkey,
-                    sock=sock,
-                    timeout=cfg.connect_timeout_s,
-                    banner_timeout=cfg.banner_timeout_s,
-                    auth_timeout=cfg.auth_timeout_s,
-                    channel_timeout=cfg.channel_timeout_s,
-                    allow_agent=False,
-                    look_for_keys=cfg.key_file is None,
-                )
-        except HostKeyRejected:
-            client.close()
-            raise
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            raise HostKeyRejected(
-                cfg.host,
-                f"host key mismatch: got {exc.key.fingerprint}, "
-                f"known_hosts has {exc.expected_key.fingerprint}",
-            ) from exc
-        except paramiko.AuthenticationException as exc:
-            client.close()
-            if "timeout" in str(exc).lower():
-                raise self._why(Unresponsive(
-                    cfg.host, f"no answer to authentication within {cfg.auth_timeout_s:g} s"
-                )) from exc
-            raise AuthFailed(cfg.host, f"authentication as {cfg.user} failed: {exc}") from exc
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            # When its key-exchange timeout passes, paramiko's start_client returns without an
-            # error and connect() fails later with "No existing session"; the transport thread
-            # may hold the real cause (a bad banner).
-            failed = client.get_transport()
-            cause = failed.get_exception() if failed is not None else None
-            client.close()
-            reason = str(cause or exc) or type(cause or exc).__name__
-            if cause is None and "No existing session" in reason:
-                reason = (f"no SSH banner and key exchange within "
-                          f"{cfg.connect_timeout_s:g} s")
-            raise self._why(Unreachable(cfg.host, f"{cfg.address}:{cfg.port}: {reason}")) from exc
+
+    def _connect(self) -> paramiko.SSHClient:
+        cfg = self.config
+        self._first_hop()
+        with self._state:
+            sock = self._sock
+        assert sock is not None
+        hops = [*cfg.jumps, Hop(cfg.host, cfg.address, cfg.port, cfg.user,
+                                (cfg.key_file,) if cfg.key_file else ())]
+        channel: socket.socket | paramiko.ProxyCommand | paramiko.Channel = sock
+        for i, hop in enumerate(hops):
+            last = i == len(hops) - 1
+            label = "" if last else f"jump host {hop}: "
+            client = self._handshake(hop, channel, label)
+            if last:
+                break
+            with self._state:
+                self._jumps.append(client)
+            nxt = hops[i + 1]
+            transport = client.get_transport()
+            try:
+                with self._stepping(f"{label}channel to {nxt.address}:{nxt.port}",
+                                    cfg.channel_timeout_s, Unreachable):
+                    if transport is None:
+                        raise EOFError("connection closed")
+                    channel = transport.open_channel(
+                        "direct-tcpip", (nxt.address, nxt.port), ("127.0.0.1", 0),
+                        timeout=cfg.channel_timeout_s)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                self._drop()
+                reason = str(exc) or type(exc).__name__
+                raise self._why(Unreachable(
+                    cfg.host, f"{label}cannot reach {nxt.address}:{nxt.port}: {reason}")) from exc
         transport = client.get_transport()
-        server_key = transport.get_remote_server_key() if transport else None
-        if server_key is not None and any(server_key == r for r in revoked):
-            client.close()
-            raise HostKeyRejected(cfg.host, f"host key {server_key.fingerprint} is @revoked")
         if transport is None:
             raise self._why(Unreachable(cfg.host, "connection closed during the handshake"))
         done = threading.Event()
@@ -477,6 +466,101 @@ class SSHTransport:
             target=self._keepalive, args=(transport, done), name=f"ssh-keepalive-{cfg.host}",
             daemon=True,
         ).start()
+        return client
+
+    def _trusted_keys(self, client: paramiko.SSHClient, hop: Hop,
+                      label: str) -> tuple[paramiko.PKey, ...]:
+        """Load the keys known for ``hop`` from every known_hosts file into the client's
+        store; return the keys marked @revoked."""
+        cfg = self.config
+        # paramiko looks a host up under "addr" (port 22) or "[addr]:port"; only those entries
+        # go into this connection's store (HostKeys.add is linear per entry).
+        lookup = hop.address if hop.port == 22 else f"[{hop.address}]:{hop.port}"
+        store = client.get_host_keys()
+        revoked: list[paramiko.PKey] = []
+        for path in cfg.known_hosts_files:
+            try:
+                known = _known_hosts_cached(path)
+            except OSError as exc:
+                raise HostKeyRejected(cfg.host, f"{label}cannot read known_hosts: {exc}") from exc
+            for name, key in known.entries:
+                if _name_matches(name, lookup):
+                    store.add(name, key.get_name(), key)
+            revoked += known.revoked
+        return tuple(revoked)
+
+    def _handshake(self, hop: Hop, sock: socket.socket | paramiko.ProxyCommand | paramiko.Channel,
+                   label: str) -> paramiko.SSHClient:
+        """SSH handshake with one hop over ``sock``: host key verified against every
+        known_hosts file, authenticated with the hop's key or the ssh-agent."""
+        cfg = self.config
+        client = paramiko.SSHClient()
+        revoked = self._trusted_keys(client, hop, label)
+        client.set_missing_host_key_policy(_RecordingPolicy(cfg.accept_unknown_host_keys, label))
+        pkey: paramiko.PKey | None = None
+        key_file = hop.key_files[0] if hop.key_files else None
+        if key_file is not None:
+            try:
+                pkey = paramiko.PKey.from_path(key_file)
+            except (OSError, paramiko.SSHException, ValueError) as exc:
+                raise AuthFailed(cfg.host, f"{label}cannot load key {key_file}: {exc}") from exc
+        # paramiko bounds each handshake step itself; the watchdog bounds their sum.
+        budget = cfg.connect_timeout_s + cfg.banner_timeout_s + cfg.auth_timeout_s + 2.0
+        try:
+            with self._stepping(f"{label}SSH handshake", budget, Unreachable):
+                client.connect(
+                    hop.address,
+                    port=hop.port,
+                    username=hop.user,
+                    pkey=pkey,
+                    sock=sock,
+                    timeout=cfg.connect_timeout_s,
+                    banner_timeout=cfg.banner_timeout_s,
+                    auth_timeout=cfg.auth_timeout_s,
+                    channel_timeout=cfg.channel_timeout_s,
+                    # As OpenSSH: keys from an ssh-agent (SSH_AUTH_SOCK) are offered too.
+                    allow_agent=True,
+                    look_for_keys=key_file is None,
+                )
+        except HostKeyRejected:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyRejected(
+                cfg.host,
+                f"{label}host key mismatch: got {exc.key.fingerprint}, "
+                f"known_hosts has {exc.expected_key.fingerprint}",
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            if "timeout" in str(exc).lower():
+                raise self._why(Unresponsive(
+                    cfg.host, f"{label}no answer to authentication within {cfg.auth_timeout_s:g} s"
+                )) from exc
+            raise AuthFailed(
+                cfg.host, f"{label}authentication as {hop.user} failed: {exc}") from exc
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            # When its key-exchange timeout passes, paramiko's start_client returns without an
+            # error and connect() fails later with "No existing session"; the transport thread
+            # may hold the real cause (a bad banner).
+            failed = client.get_transport()
+            cause = failed.get_exception() if failed is not None else None
+            client.close()
+            reason = str(cause or exc) or type(cause or exc).__name__
+            if cause is None and "No existing session" in reason:
+                reason = (f"no SSH banner and key exchange within "
+                          f"{cfg.connect_timeout_s:g} s")
+            raise self._why(Unreachable(
+                cfg.host, f"{label}{hop.address}:{hop.port}: {reason}")) from exc
+        transport = client.get_transport()
+        server_key = transport.get_remote_server_key() if transport else None
+        if server_key is not None and any(server_key == r for r in revoked):
+            client.close()
+            raise HostKeyRejected(cfg.host, f"{label}host key {server_key.fingerprint} is @revoked")
+        if transport is None:
+            client.close()
+            raise self._why(Unreachable(cfg.host, f"{label}connection closed during the handshake"))
         return client
 
     def _client_for_run(self) -> paramiko.SSHClient:
