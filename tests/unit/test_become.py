@@ -84,3 +84,13 @@ def test_a_sudo_refusal_is_an_error_row_naming_the_command() -> None:
     assert (row.status, row.code) == (Status.ERROR, CODE_SUDO_DENIED)
     assert row.detail.startswith("sudo -n refused journalctl --no-pager -o short-iso")
     assert "for ops: sudo: a password is required" in row.detail
+
+
+def test_a_login_as_the_become_user_runs_without_sudo() -> None:
+    # ansible_user: root with ansible_become: true (common in real inventories) needs no sudo,
+    # and the node may not have it installed.
+    node = replace(_node(), user="root", become_user="root")
+    t = ScriptedTransport("n1", {("journalctl",): _journal("-- No entries --\n")})
+    rows = runner.run_node(node, select("gpu.xid"), "r1", t)
+    assert t.calls[0][0] == "journalctl"
+    assert {r.status for r in rows} == {Status.PASS}

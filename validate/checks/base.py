@@ -166,7 +166,7 @@ class NodeContext:
         when the inventory becomes (ansible_become), else unchanged (the login user runs it;
         as root when ansible_user is root). ``-n``: sudo never waits for a password."""
         user = self.node.become_user
-        if user is None:
+        if user is None or user == self.node.user:  # already logged in as that user
             return tuple(argv)
         return ("sudo", "-n", "-u", user, "--", *argv)
 
