@@ -283,7 +283,9 @@ def test_prometheus_textfile(injected: tuple[DriftRun, dict[str, str], dict[str,
     assert text == (run.run_dir / "metrics.prom").read_text()
     assert ('gpuready_drift_items{node="node1",pool="pool_l40s_pcie",layer="configuration"} 1'
             in text)
-    assert 'gpuready_drift_items{node="node5",pool="pool_l40s_pcie",layer="versions"} 6' in text
+    versions = len(EXPECTED["node5"])  # every held driver package, library, module/library
+    assert (f'gpuready_drift_items{{node="node5",pool="pool_l40s_pcie",layer="versions"}} '
+            f'{versions}' in text)
     assert ('gpuready_drift_items{node="node8",pool="pool_l40s_pcie",layer="performance"} 0'
             in text)
     assert ('gpuready_drift_layer_checked{node="node1",pool="pool_l40s_pcie",layer="labels"} 0'
