@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from validate.fabric_launch import (
+    CLEANUP_WAIT_S,
     KILL_AFTER_S,
     LAUNCHER_CLEANUP,
     LAUNCHER_SETUP,
@@ -410,8 +411,14 @@ def _cleanup(t: Transport, name: str, argv: list[str], what: str) -> str | None:
 def _run_dir_name(run_id: str, pass_no: int, launcher: str, peer: str) -> str:
     # A name fixed before the directory exists, so that the ledger knows it even when the
     # setup step dies half-way; mkdir (no -p) refuses a name someone else made first.
-    parts = (run_id, f"p{pass_no}", launcher, peer)
-    return "/tmp/gpuready-fabric." + ".".join(_SAFE.sub("_", p) for p in parts)
+    parts = (f"p{pass_no}", launcher, peer)
+    return _run_dir_prefix(run_id) + ".".join(_SAFE.sub("_", p) for p in parts)
+
+
+def _run_dir_prefix(run_id: str) -> str:
+    """What every run directory of ``run_id`` starts with (the closing dot keeps run "a" from
+    matching run "a1")."""
+    return f"/tmp/gpuready-fabric.{_SAFE.sub('_', run_id)}."
 
 
 @dataclass
@@ -494,8 +501,10 @@ class PairExecutor:
                                   launcher.name) from exc
             return judge_output(result, settings, launcher.name, peer.name)
         finally:
-            self._remove(tb, peer.name, tag)
+            # The launcher's mpirun first (it may still run after a transport timeout), then
+            # whatever it left on the peer, and the key.
             self._remove_dir(ta, launcher.name, run_dir)
+            self._remove(tb, peer.name, tag, run_dir)
 
     @staticmethod
     def _step(t: Transport, name: str, argv: list[str]) -> CommandResult:
@@ -505,12 +514,14 @@ class PairExecutor:
         except TransportError as exc:
             raise LaunchError(exc.code, f"{name}: {exc.reason}", name) from exc
 
-    def _remove(self, t: Transport, peer: str, tag: str) -> str | None:
-        """Remove the keys tagged ``tag`` (or starting with it) from the peer when the ledger
-        has any; None when done, else why not."""
+    def _remove(self, t: Transport, peer: str, tag: str, run_dirs: str) -> str | None:
+        """Stop the peer's Open MPI daemons naming ``run_dirs`` (a run directory or the prefix
+        of all of this run's) and remove the keys tagged ``tag`` (or starting with it) from the
+        peer when the ledger has any; None when done, else why not."""
         if not self.ledger.has_key(peer, tag):
             return None
-        problem = _cleanup(t, peer, remote_argv(PEER_REMOVE, tag), "removing run keys")
+        problem = _cleanup(t, peer, remote_argv(PEER_REMOVE, tag, run_dirs, str(CLEANUP_WAIT_S)),
+                           "removing run keys")
         if problem is None:
             self.ledger.drop_key(peer, tag)
         return problem
@@ -519,7 +530,7 @@ class PairExecutor:
         """Stop the pair's mpirun if it runs and remove its directory (and private key)."""
         if not self.ledger.has_dir(launcher, run_dir):
             return None
-        problem = _cleanup(t, launcher, remote_argv(LAUNCHER_CLEANUP, run_dir),
+        problem = _cleanup(t, launcher, remote_argv(LAUNCHER_CLEANUP, run_dir, str(CLEANUP_WAIT_S)),
                            f"removing {run_dir}")
         if problem is None:
             self.ledger.drop_dir(launcher, run_dir)
@@ -540,7 +551,7 @@ class PairExecutor:
                 problems += [p for d in run_dirs if (p := self._remove_dir(t, launcher, d))]
             for peer in keys:
                 t = fresh.setdefault(peer, self.transport_for(self.nodes[peer]))
-                problem = self._remove(t, peer, key_tag(self.run_id))
+                problem = self._remove(t, peer, key_tag(self.run_id), _run_dir_prefix(self.run_id))
                 if problem:
                     problems.append(problem)
         finally:

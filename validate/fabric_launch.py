@@ -51,6 +51,9 @@ KEY_COMMENT_PREFIX = "gpuready-fabric"
 # transport adds on top (its KILL is the backstop; TERM lets mpirun stop the peer's daemons).
 KILL_AFTER_S = 5
 TRANSPORT_MARGIN_S = 15.0
+# Seconds a cleanup waits for what it TERMed (the launcher's timeout and mpirun, the peer's
+# orted) before it KILLs: past timeout's own KILL, so that mpirun has had its chance.
+CLEANUP_WAIT_S = KILL_AFTER_S + 3
 
 # On the launcher: make the run's directory and key, write the peer's host keys, say where
 # things are. $1 key comment, $2 peer address, $3 known_hosts lines for the peer, $4 the
@@ -81,9 +84,33 @@ if [ -s "$f" ] && [ -n "$(tail -c 1 "$f")" ]; then printf '\n' >> "$f"; fi
 printf 'from="%s",expiry-time="%s",restrict %s\n' "$3" "$expiry" "$1" >> "$f"
 """
 
-# On the peer: remove every line carrying the tag $1, keeping the file's owner and mode and
-# every other line; a file without the tag is not touched.
+# Shell: whether process $1 runs (a zombie awaiting its parent does not).
+_ALIVE = r"""alive() {
+  [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
+"""
+
+# On the peer: first stop what this run left running there (Open MPI's orted/prted whose command
+# line names one of the run's directories, $2, and their children: TERM, then KILL after $3
+# seconds); then remove every line carrying the tag $1, keeping the file's owner and mode and
+# every other line; a file without the tag is not touched. Only this user's processes are looked
+# at, and only those naming the run's directory, so nothing else on the node is signalled.
 PEER_REMOVE = r"""set -eu
+""" + _ALIVE + r"""if [ -n "${2:-}" ]; then
+  procs=""
+  for p in $(pgrep -u "$(id -u)" -x 'orted|prted' || true); do
+    if tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -qF -- "$2"; then
+      procs="$procs $p $(pgrep -P "$p" || true)"
+    fi
+  done
+  any_alive() { for q in $procs; do alive "$q" && return 0; done; return 1; }
+  if [ -n "$procs" ]; then
+    kill -TERM $procs 2>/dev/null || true
+    i=0
+    while [ "$i" -lt "$((${3:-10} * 2))" ] && any_alive; do sleep 0.5; i=$((i + 1)); done
+    kill -KILL $procs 2>/dev/null || true
+  fi
+fi
 f="$HOME/.ssh/authorized_keys"
 [ -f "$f" ] || exit 0
 grep -qF -- "$1" "$f" || exit 0
@@ -97,11 +124,32 @@ chown --reference="$f" -- "$tmp" 2>/dev/null || true
 mv -f -- "$tmp" "$f"
 """
 
-# On the launcher: stop the pair's mpirun if it still runs (TERM: it stops its daemons on the
-# peer), then remove the run's directory and its private key. $1 the directory.
+# On the launcher: stop the pair's mpirun if it still runs, then remove the run's directory and
+# its private key. $1 the directory, $2 seconds to wait after TERM. The pid file names the
+# launcher's `timeout`, which leads the process group mpirun and its local rank run in: TERM to
+# it (timeout passes it on, and mpirun stops its daemons on the peer), wait until it is gone,
+# then KILL what is left of the group. A pid that no longer names the directory (it ended and the
+# number was reused) is not signalled, and a group id stays taken while any member lives.
+# Returns only once nothing of the pair runs here (zombies awaiting their parent do not count).
 LAUNCHER_CLEANUP = r"""set -u
 case "$1" in */gpuready-fabric.*) ;; *) echo "refusing to remove $1" >&2; exit 2 ;; esac
-if [ -r "$1/mpirun.pid" ]; then kill -TERM "$(cat "$1/mpirun.pid")" 2>/dev/null || true; fi
+""" + _ALIVE + r"""
+group_alive() {
+  for q in $(pgrep -g "$1" || true); do alive "$q" && return 0; done
+  return 1
+}
+pid=$(cat "$1/mpirun.pid" 2>/dev/null || true)
+case "$pid" in ''|*[!0-9]*) pid="" ;; esac
+if [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$1"; then
+  kill -TERM "$pid" 2>/dev/null || true
+  i=0
+  while [ "$i" -lt "$((${2:-10} * 2))" ] && alive "$pid"; do sleep 0.5; i=$((i + 1)); done
+  if group_alive "$pid"; then
+    kill -KILL "-$pid" 2>/dev/null || true
+    i=0
+    while [ "$i" -lt 20 ] && group_alive "$pid"; do sleep 0.1; i=$((i + 1)); done
+  fi
+fi
 rm -rf -- "$1"
 """
 

@@ -355,13 +355,100 @@ def test_launcher_setup_and_cleanup(tmp_path: Path):
     with pytest.raises(LaunchError) as err:
         fabric.parse_launcher_setup(again, "n1")
     assert err.value.blame == "n1"
-    # The cleanup stops the pair's mpirun (here: a sleep standing in) and removes everything.
-    sleeper = subprocess.Popen(["sleep", "60"])
-    (run_dir / "mpirun.pid").write_text(f"{sleeper.pid}\n")
-    assert shell.run(remote_argv(LAUNCHER_CLEANUP, str(run_dir)), 10).ok
-    assert sleeper.wait(timeout=10) == -15 and not run_dir.exists()
+    # A pid file whose process no longer names the directory (it ended, the number was
+    # reused) is not signalled.
+    stranger = subprocess.Popen(["sleep", "60"])
+    (run_dir / "mpirun.pid").write_text(f"{stranger.pid}\n")
+    try:
+        assert shell.run(remote_argv(LAUNCHER_CLEANUP, str(run_dir), "1"), 10).ok
+        assert stranger.poll() is None and not run_dir.exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
     refused = shell.run(remote_argv(LAUNCHER_CLEANUP, str(tmp_path)), 10)
     assert refused.rc == 2 and tmp_path.exists()
+
+
+@pytest.mark.parametrize("kill_after", ["1", "30"], ids=["timeout-kills", "cleanup-kills"])
+def test_launcher_cleanup_returns_only_once_the_pair_is_gone(tmp_path: Path, kill_after: str):
+    # The launch as the validator makes it: the wrapper records the pid, `timeout` leads the
+    # group, and "mpirun" (a shell that ignores TERM, naming the run's key as mpirun does)
+    # runs under it. Whether timeout's own KILL or the cleanup's ends it, nothing of the pair
+    # may still run when the cleanup returns: an interrupted run is judged the moment it ends.
+    run_dir = tmp_path / "gpuready-fabric.run.p1.n1.n2"
+    run_dir.mkdir()
+    standin = ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done", "mpirun",
+               "-i", f"{run_dir}/id_ed25519"]
+    launched = subprocess.Popen(
+        launch_argv(str(run_dir), ["timeout", "-k", kill_after, "600", *standin]))
+    try:
+        deadline = time.monotonic() + 10
+        while not (run_dir / "mpirun.pid").exists() or _group(launched.pid) == []:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        shell = _shell(tmp_path)
+        started = time.monotonic()
+        assert shell.run(remote_argv(LAUNCHER_CLEANUP, str(run_dir), "3"), 20).ok
+        assert time.monotonic() - started < 10
+        assert _group(launched.pid) == [] and not run_dir.exists()
+    finally:
+        for pid in _group(launched.pid):
+            subprocess.run(["kill", "-KILL", pid], check=False)
+        launched.wait(timeout=10)
+
+
+def _group(pgid: int) -> list[str]:
+    """The live (not zombie) members of the process group."""
+    out = subprocess.run(["pgrep", "-g", str(pgid)], check=False, capture_output=True, text=True)
+    return [p for p in out.stdout.split() if _alive(p)]
+
+
+def _alive(pid: str) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_peer_remove_stops_only_this_runs_daemons(tmp_path: Path):
+    # Two "orted"s (scripts by that name that ignore TERM and have a child, as orted has its
+    # rank): one launched for this run, one for another run. The run's sweep stops its own,
+    # child included, and leaves the other alone.
+    orted = tmp_path / "orted"
+    orted.write_text("#!/bin/sh\ntrap '' TERM\nsleep 600 &\nwhile :; do sleep 0.1; done\n")
+    orted.chmod(0o755)
+    mine = subprocess.Popen([str(orted), "-mca", "plm_rsh_args",
+                             "-i /tmp/gpuready-fabric.run.p1.n1.n2/id_ed25519"])
+    other = subprocess.Popen([str(orted), "-mca", "plm_rsh_args",
+                              "-i /tmp/gpuready-fabric.run2.p1.n1.n2/id_ed25519"])
+    try:
+        deadline = time.monotonic() + 10
+        while not _children(mine.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        child = _children(mine.pid)
+        shell = _shell(tmp_path)
+        got = shell.run(remote_argv(PEER_REMOVE, key_tag("run"), "/tmp/gpuready-fabric.run.",
+                                    "1"), 20)
+        assert got.ok, got.stderr
+        assert mine.wait(timeout=5) == -9
+        assert not any(_alive(pid) for pid in child)
+        assert other.poll() is None
+    finally:
+        for proc in (mine, other):
+            for pid in _children(proc.pid):
+                subprocess.run(["kill", "-KILL", pid], check=False)
+            proc.kill()
+            proc.wait()
+
+
+def _children(pid: int) -> list[str]:
+    """The children of ``pid`` that are the stand-in rank (``sleep 600``)."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], check=False, capture_output=True, text=True)
+    return [p for p in out.stdout.split()
+            if "sleep 600" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+            .replace("\0", " ")]
 
 
 def test_peer_host_keys_come_from_the_verified_known_hosts(tmp_path: Path):
