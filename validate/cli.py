@@ -480,8 +480,7 @@ def _cmd_fabric(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
 
 def _environment(nodes: Sequence[Node]) -> str | None:
     """The inventory's gpuready_environment label(s) of these nodes, for every page."""
-    labels = sorted({str(n.vars["gpuready_environment"]) for n in nodes
-                     if n.vars.get("gpuready_environment")})
+    labels = sorted({n.desired.environment for n in nodes if n.desired.environment})
     return "; ".join(labels) or None
 
 

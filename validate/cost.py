@@ -120,7 +120,7 @@ def inputs_from_nodes(nodes: Sequence[Node]) -> dict[str, PoolCostInputs]:
     seen: dict[str, tuple[str, Any]] = {}
     out: dict[str, PoolCostInputs] = {}
     for node in nodes:
-        raw = node.vars.get(VAR)
+        raw = node.desired.cost
         if node.pool not in seen:
             seen[node.pool] = (node.name, raw)
             out[node.pool] = parse_inputs(node.pool, raw)

@@ -49,7 +49,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from validate.fabric_launch import (
     CLEANUP_WAIT_S,
@@ -71,9 +70,9 @@ from validate.fabric_launch import (
     parse_launcher_setup,
     remote_argv,
 )
-from validate.inventory import InventoryError, Node
+from validate.inventory import InventoryError, Node, profile_for
 from validate.model import CODE_EXIT, CODE_HOSTKEY, CODE_INTERNAL, CheckResult, Status
-from validate.profiles import Profile, ProfileError, load_profile
+from validate.profiles import Profile, ProfileError
 from validate.transport import CommandResult, Transport, TransportError
 
 LOG = logging.getLogger(__name__)
@@ -110,73 +109,44 @@ KEY_GRACE_S = 180
 # -- settings -------------------------------------------------------------------------------
 
 
-def _scalar(node: Node, var: str, key: str, value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise InventoryError(f"host {node.name}: {var}.{key} must be a string or number, "
-                             f"got {value!r}")
-    text = str(value)
-    if "\n" in text or not text:
-        raise InventoryError(f"host {node.name}: {var}.{key} must be one non-empty line")
-    return text
-
-
-def _word(node: Node, var: str) -> str | None:
-    value = node.vars.get(var)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _NO_SPACE.match(value):
-        raise InventoryError(f"host {node.name}: {var} must be a non-empty string without "
-                             f"blanks, got {value!r}")
-    return value
-
-
 def nccl_env(node: Node) -> tuple[tuple[str, str], ...]:
-    """The NCCL environment the pair runs with, from the node's inventory variables."""
+    """The NCCL environment the pair runs with, from the node's declared fabric settings
+    (their types were checked when the inventory was read)."""
+    fabric = node.desired.fabric
     env: dict[str, str] = {}
-    hca = _word(node, VAR_IB_HCA)
-    if hca is not None:
-        env["NCCL_IB_HCA"] = hca
-    gid = node.vars.get(VAR_IB_GID_INDEX)
-    if gid is not None:
-        if isinstance(gid, bool) or not isinstance(gid, int) or gid < 0:
-            raise InventoryError(f"host {node.name}: {VAR_IB_GID_INDEX} must be a "
-                                 f"non-negative integer, got {gid!r}")
-        env["NCCL_IB_GID_INDEX"] = str(gid)
-    ifname = _word(node, VAR_SOCKET_IFNAME)
-    if ifname is not None:
-        env["NCCL_SOCKET_IFNAME"] = ifname
+    if fabric.ib_hca is not None:
+        env["NCCL_IB_HCA"] = fabric.ib_hca
+    if fabric.ib_gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(fabric.ib_gid_index)
+    if fabric.socket_ifname is not None:
+        env["NCCL_SOCKET_IFNAME"] = fabric.socket_ifname
     typed = {"NCCL_IB_HCA": f"set it with {VAR_IB_HCA}",
              "NCCL_IB_GID_INDEX": f"set it with {VAR_IB_GID_INDEX}",
              "NCCL_SOCKET_IFNAME": f"set it with {VAR_SOCKET_IFNAME}"}
-    env.update(_named_values(node, VAR_NCCL_ENV, _ENV_NAME,
+    env.update(_named_values(node, VAR_NCCL_ENV, fabric.nccl_env, _ENV_NAME,
                              "an environment variable name (A-Z, 0-9, _)", typed))
     return tuple(sorted(env.items()))
 
 
 def mpi_mca(node: Node) -> tuple[tuple[str, str], ...]:
-    """Open MPI MCA parameters for the pair's mpirun, from the node's inventory."""
+    """Open MPI MCA parameters for the pair's mpirun, from the node's declared settings."""
     reserved = dict.fromkeys(_RESERVED_MCA, "set by the pair launch itself (the run key's SSH "
                              "options)")
-    found = _named_values(node, VAR_MPI_MCA, _MCA_NAME, "an MCA parameter name (a-z, 0-9, _)",
-                          reserved)
+    found = _named_values(node, VAR_MPI_MCA, node.desired.fabric.mpi_mca, _MCA_NAME,
+                          "an MCA parameter name (a-z, 0-9, _)", reserved)
     return tuple(sorted(found.items()))
 
 
-def _named_values(node: Node, var: str, name: re.Pattern[str], what: str,
-                  reserved: Mapping[str, str]) -> dict[str, str]:
-    """The mapping ``var`` (name -> one-line scalar), every name and value checked."""
-    raw = node.vars.get(var) or {}
-    if not isinstance(raw, Mapping):
-        raise InventoryError(f"host {node.name}: {var} must be a mapping, got "
-                             f"{type(raw).__name__}")
-    out: dict[str, str] = {}
-    for key, value in raw.items():
-        if not isinstance(key, str) or not name.match(key):
+def _named_values(node: Node, var: str, values: Mapping[str, str], name: re.Pattern[str],
+                  what: str, reserved: Mapping[str, str]) -> dict[str, str]:
+    """``values`` (name -> one-line string) with every name checked against ``name`` and the
+    names the suite sets itself."""
+    for key in values:
+        if not name.match(key):
             raise InventoryError(f"host {node.name}: {var}: {key!r} is not {what}")
         if key in reserved:
             raise InventoryError(f"host {node.name}: {var}.{key}: {reserved[key]}")
-        out[key] = _scalar(node, var, key, value)
-    return out
+    return dict(values)
 
 
 def pair_settings(node: Node, profile: Profile) -> PairSettings | str:
@@ -633,9 +603,7 @@ def run_fabric(
     pools: dict[str, list[str]] = {}
     for node in nodes:
         try:
-            profile = load_profile(node.profile, node.vars.get("gpu_thresholds"),
-                                   inventory_vars=node.vars,
-                                   override_source=f"inventory gpu_thresholds ({node.name})")
+            profile = profile_for(node)
             found = pair_settings(node, profile)
         except ProfileError as exc:
             rows.append(_row(run_id, node, node.profile, Status.ERROR, CODE_PROFILE, str(exc)))

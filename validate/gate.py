@@ -37,7 +37,8 @@ from typing import Any, Protocol, TextIO
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 import urllib3
 
-from validate.inventory import InventoryError, Node, load
+from validate import desired
+from validate.inventory import InventoryError, Node, load, profile_for
 from validate.labels import (
     CODE_NOT_REGISTERED,
     FAILED,
@@ -53,7 +54,7 @@ from validate.labels import (
     plan_node,
 )
 from validate.model import CODE_OK, ExitCode, Status, worst
-from validate.profiles import ProfileError, load_profile
+from validate.profiles import ProfileError
 from validate.report import load_results
 
 MAX_ATTEMPTS = 5
@@ -218,11 +219,9 @@ def _detail(rows: pd.DataFrame, check: str) -> str:
 
 def identity_of(node: Node) -> NodeIdentity:
     """The declared identity of an inventory node (its pool and its profile's hardware)."""
-    profile = load_profile(node.profile, node.vars.get("gpu_thresholds"),
-                           inventory_vars=node.vars,
-                           override_source=f"inventory gpu_thresholds ({node.name})")
+    profile = profile_for(node)
     hw = profile.hardware
-    return NodeIdentity(name=str(node.vars.get("node_join_node_name") or node.name),
+    return NodeIdentity(name=node.desired.gate.node_name or node.name,
                         host=node.name, pool=node.pool, profile=profile.name,
                         gpu_pool=dict(node.gpu_pool),
                         gpu_count=hw.gpu_count, gpu_model=hw.gpu_model,
@@ -230,8 +229,9 @@ def identity_of(node: Node) -> NodeIdentity:
                         nvlinks_per_gpu=hw.nvlinks_per_gpu)
 
 
-def _one_setting(nodes: Sequence[Node], var: str) -> str | None:
-    values = {str(n.vars[var]) for n in nodes if n.vars.get(var)}
+def _one_setting(nodes: Sequence[Node], var: str, value: Callable[[Node], str | None]
+                 ) -> str | None:
+    values = {v for n in nodes if (v := value(n))}
     if len(values) > 1:
         raise GateError(f"the inventory sets {var} differently across nodes "
                         f"({', '.join(sorted(values))}); the gate needs one")
@@ -386,8 +386,10 @@ def cmd_gate(inventory: Path, run_dir: Path, *, limit: str | None, dry_run: bool
         nodes = load(inventory, limit)
         if not nodes:
             raise GateError(f"no GPU nodes in {inventory} match {limit!r}")
-        prefix = check_prefix(prefix or _one_setting(nodes, "gpuready_label_prefix") or "")
-        config_var = _one_setting(nodes, "gpuready_kubeconfig")
+        prefix = check_prefix(prefix or _one_setting(nodes, desired.LABEL_PREFIX,
+                                                    lambda n: n.desired.gate.label_prefix) or "")
+        config_var = _one_setting(nodes, desired.KUBECONFIG,
+                                  lambda n: n.desired.gate.kubeconfig)
         config = kubeconfig or (Path(config_var).expanduser() if config_var else None)
         identities, broken = [], []
         for node in nodes:  # one node's bad profile must not keep the others out
@@ -397,7 +399,8 @@ def cmd_gate(inventory: Path, run_dir: Path, *, limit: str | None, dry_run: bool
                 broken.append(NodeOutcome(node.name, node.pool, ERROR, error=str(exc)))
         api = api_factory(config)
         run_id = next(iter(results.values())).run_id if results else run.name
-        environment = _one_setting(nodes, "gpuready_environment")
+        environment = _one_setting(nodes, desired.ENVIRONMENT,
+                                   lambda n: n.desired.environment)
         stderr.write(f"gate: run {run_id} ({len(results)} nodes validated), API {api.server}"
                      + (f" [{environment}]" if environment else "")
                      + (" - dry run, nothing will change" if dry_run else "") + "\n")

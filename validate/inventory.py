@@ -17,24 +17,33 @@ run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ansible.inventory.group import Group
+from ansible.inventory.helpers import sort_groups
+from ansible.inventory.host import Host
 from ansible.inventory.manager import InventoryManager, split_host_pattern
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 from ansible.vars.manager import VariableManager
+from ansible.vars.plugins import get_vars_from_inventory_sources
 
+from validate import desired
+from validate.desired import DesiredState
+from validate.profiles import Profile, ProfileError, load_profile
 from validate.transport.route import Route, RouteError, resolve, tcp_port
 
 PARENT_GROUP = "gpu_nodes"
 
-# Vars whose values the validators read; only these are templated (templating every var would
-# resolve lookups the validators never use).
-_USED_VARS = (
+# The connection settings (validate.transport.route reads them); the declared state's variables
+# come from validate.desired. Only these are templated (templating every var would resolve
+# lookups the validators never use).
+_CONNECTION_VARS = (
     "ansible_host",
     "ansible_port",
     "ansible_user",
@@ -47,38 +56,8 @@ _USED_VARS = (
     "ansible_become_method",
     "gpuready_ssh_known_hosts",
     "gpuready_ssh_accept_unknown_host_keys",
-    "gpu_profile",
-    "gpu_pool",
-    "gpu_thresholds",
-    "nvidia_driver_version",
-    "gpuready_scratch_path",
-    "gpuready_drive_class",
-    "gpuready_services",
-    "gpuready_checkpoint_path",
-    "gpuready_fio_size_mib",
-    "gpuready_checkpoint_size_mib",
-    "gpuready_xid_window",
-    "gpuready_environment",
-    # The gate: where the cluster is, which label prefix is the site's, the Node's name.
-    "gpuready_kubeconfig",
-    "gpuready_label_prefix",
-    "node_join_node_name",
-    # drift (validate/drift): role inputs the live probes compare against, and its settings
-    "nvidia_driver_persistenced_enabled",
-    "nvidia_driver_peermem_fabrics",
-    "gpu_kernel_prereqs_modules",
-    "nvidia_container_toolkit_runtime_name",
-    "gpuready_kernel_release",
-    "gpuready_drift_margins",
-    # fabric.nccl_pair (validate/fabric.py): the pool's NCCL environment and MPI parameters
-    "gpuready_fabric_nccl_ib_hca",
-    "gpuready_fabric_nccl_ib_gid_index",
-    "gpuready_fabric_nccl_socket_ifname",
-    "gpuready_fabric_nccl_env",
-    "gpuready_fabric_mpi_mca",
-    # the capacity and cost view (validate/cost.py)
-    "gpuready_cost",
 )
+_USED_VARS = _CONNECTION_VARS + tuple(v for v in desired.VARS if v not in _CONNECTION_VARS)
 
 
 class InventoryError(Exception):
@@ -89,7 +68,9 @@ class InventoryError(Exception):
 class Node:
     """One GPU host as the validators see it.
 
-    ``vars`` holds the templated values of the variables listed in ``_USED_VARS`` that are set.
+    ``desired`` is what the inventory declares for it (validate.desired), read and checked once
+    by :func:`load`; checks read it, not ``vars``, which keeps the templated values as given
+    (for run.json and the cost inputs' comparison across a pool).
     ``route`` is how Ansible's ssh would reach it (jump hosts, proxy command, every known_hosts
     file); ``address``/``port``/``user``/``key_file`` are its target hop, ``known_hosts`` the
     first of its files.
@@ -111,6 +92,17 @@ class Node:
     # ansible_become: the user a command that needs root runs as, through `sudo -n -u`; None
     # when the inventory does not become (commands run as the login user).
     become_user: str | None = None
+    # Filled from ``vars`` when not given (a Node built by hand, as tests do); a bad value
+    # there raises InventoryError naming the host and the variable.
+    desired: DesiredState = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.desired is None:
+            state, problems = desired.read(self.vars)
+            if problems:
+                raise InventoryError("; ".join(f"host {self.name}: {p.var} {p.reason}"
+                                               for p in problems))
+            object.__setattr__(self, "desired", state)
 
 
 def _boolean(host: str, var: str, value: Any) -> bool:
@@ -172,12 +164,96 @@ def _check_limit(inventory: InventoryManager, source: Path, limit: str) -> None:
             raise InventoryError(f"--limit term {term!r} matches no host in {source}")
 
 
+def _origin(host: Host, var: str, loader: DataLoader, sources: list[str]) -> str:
+    """Where ``var`` of ``host`` was set, as a person would look for it: the host itself (its
+    inventory entry or host_vars), else the most specific of its groups that sets it (Ansible's
+    own precedence: deeper groups, then higher ansible_group_priority, then name, win)."""
+    def sets(entity: Host | Group) -> bool:
+        if var in entity.get_vars():
+            return True
+        # "task": the stage at which Ansible itself reads host_vars/ and group_vars/.
+        found = get_vars_from_inventory_sources(loader, sources, [entity], "task")
+        return var in found
+
+    if sets(host):
+        return f"host {host.name}"
+    for group in reversed(sort_groups(host.get_groups())):
+        if sets(group):
+            return f"group {group.name}"
+    return f"host {host.name}"
+
+
+@dataclass
+class _Problems:
+    """Bad declared values of every host, one line per (origin, variable, reason) with the
+    hosts it affects: a bad group variable is said once, naming its group."""
+
+    source: Path
+    lines: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
+
+    def add(self, origin: str, var: str, reason: str, host: str) -> None:
+        self.lines.setdefault((origin, var, reason), []).append(host)
+
+    def raise_if_any(self) -> None:
+        if not self.lines:
+            return
+        said = []
+        for (origin, var, reason), hosts in self.lines.items():
+            if origin.startswith("host "):
+                where = f"set on {origin}"
+            else:
+                where = f"set in {origin}, host{'s' if len(hosts) > 1 else ''} {_names(hosts)}"
+            said.append(f"{var} ({where}) {reason}")
+        raise InventoryError(f"inventory {self.source}: {len(said)} bad declared value(s); "
+                             "nothing was connected to:\n  " + "\n  ".join(said))
+
+
+def _names(hosts: list[str]) -> str:
+    return ", ".join(hosts[:5]) + (f" and {len(hosts) - 5} more" if len(hosts) > 5 else "")
+
+
+def profile_for(node: Node) -> Profile:
+    """The node's profile with its inventory overrides, as its checks judge against it (and as
+    run.json records it). Raises ProfileError."""
+    return load_profile(
+        node.profile,
+        node.desired.thresholds,
+        inventory_vars=node.desired.profile_overrides,
+        override_source=f"inventory gpu_thresholds ({node.name})",
+    )
+
+
+def _check_profiles(nodes: list[Node], problems: _Problems, origin: Callable[[str, str], str]
+                    ) -> None:
+    """Load each distinct (profile, overrides) once, before any connection: a profile that does
+    not exist or thresholds that do not apply are the inventory's error, named with the
+    variable (gpu_profile or gpu_thresholds) and where it was set."""
+    seen: dict[str, str | None] = {}
+    for node in nodes:
+        key = json.dumps([node.profile, dict(node.desired.profile_overrides)], sort_keys=True,
+                         default=repr)
+        if key not in seen:
+            try:
+                profile_for(node)
+                seen[key] = None
+            except ProfileError as exc:
+                seen[key] = str(exc)
+        reason = seen[key]
+        if reason is None:
+            continue
+        var = (desired.THRESHOLDS if node.desired.thresholds is not None
+               and "gpu_thresholds" in reason else desired.PROFILE)
+        problems.add(origin(node.name, var), var, f"is not usable: {reason}", node.name)
+
+
 def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
     """Read the GPU nodes (members of ``gpu_nodes``) of the inventory at ``source``.
 
     ``limit`` is an Ansible host pattern (``pool_h100_sxm:!gpu-h100-02``, ``gpu-*``, ...).
     Raises :class:`InventoryError` on an unreadable inventory, a host with no pool/profile, a
-    limit term that matches nothing, or a bad value (see the module docstring).
+    limit term that matches nothing, or a bad value (see the module docstring). Declared values
+    (validate.desired) and each pool's profile are checked for every selected host first, and
+    every bad one is named with the group or host it was set on, before anything connects.
     """
     if not source.exists():
         raise InventoryError(f"inventory {source} does not exist")
@@ -190,8 +266,14 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
     if limit:
         _check_limit(inventory, source, limit)
         inventory.subset(limit)
+    hosts = {h.name: h for h in inventory.get_hosts(pattern=PARENT_GROUP)}
+
+    def origin(host: str, var: str) -> str:
+        return _origin(hosts[host], var, loader, [str(source)])
+
+    problems = _Problems(source)
     nodes: list[Node] = []
-    for host in inventory.get_hosts(pattern=PARENT_GROUP):
+    for host in hosts.values():
         raw = variables.get_vars(host=host, include_hostvars=False)
         templar = Templar(loader=loader, variables=raw)
         used = _template(host.name, templar, raw)
@@ -201,17 +283,23 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
                 f"host {host.name}: must be in exactly one pool group under {PARENT_GROUP} "
                 f"(found {host_pools or 'none'})"
             )
-        profile = used.get("gpu_profile")
+        state, bad = desired.read(used)
+        for problem in bad:
+            problems.add(origin(host.name, problem.var), problem.var, problem.reason, host.name)
+        profile = used.get(desired.PROFILE)
         if not isinstance(profile, str) or not profile:
-            raise InventoryError(f"host {host.name}: gpu_profile is not set (pool {host_pools[0]})")
+            if profile is None:
+                raise InventoryError(f"host {host.name}: gpu_profile is not set "
+                                     f"(pool {host_pools[0]})")
+            continue  # its type is among the problems
+        if bad:
+            continue
         _port(host.name, used.get("ansible_port", 22))
         try:
             route = resolve(host.name, used)
         except RouteError as exc:
             raise InventoryError(f"host {host.name}: {exc}") from None
-        gpu_pool = used.get("gpu_pool") or {}
-        if not isinstance(gpu_pool, Mapping):
-            raise InventoryError(f"host {host.name}: gpu_pool must be a mapping, got {gpu_pool!r}")
+        gpu_pool = _pool_labels(used)
         nodes.append(
             Node(
                 name=host.name,
@@ -228,10 +316,19 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
                 ),
                 pool=host_pools[0],
                 profile=profile,
-                gpu_pool={str(k): str(v) for k, v in dict(gpu_pool).items()},
+                gpu_pool=gpu_pool,
                 vars=used,
                 route=route,
                 become_user=_become(host.name, used),
+                desired=state,
             )
         )
+    problems.raise_if_any()
+    _check_profiles(nodes, problems, origin)
+    problems.raise_if_any()
     return tuple(sorted(nodes, key=lambda n: n.name))
+
+
+def _pool_labels(used: Mapping[str, Any]) -> dict[str, str]:
+    """gpu_pool as strings (its type was checked by validate.desired)."""
+    return {str(k): str(v) for k, v in dict(used.get(desired.POOL) or {}).items()}

@@ -32,16 +32,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from validate.inventory import Node
+from validate import desired
+from validate.inventory import Node, profile_for
 from validate.profiles import ProfileError
-from validate.runner import profile_for
 
 RUN_INFO_FILE = "run.json"
 RUN_INFO_SCHEMA = 1
 SUITE_ROOT = Path(__file__).resolve().parent.parent
 # The inventory vars load_profile reads besides gpu_thresholds: nodes that agree on these and on
 # their profile name were judged against the same thresholds.
-_PROFILE_VARS = ("gpuready_drive_class", "gpuready_scratch_path", "gpuready_checkpoint_path")
+_PROFILE_VARS = tuple(v for v in desired.PROFILE_VARS if v != desired.THRESHOLDS)
 
 
 class RunInfoError(ValueError):
@@ -131,14 +131,14 @@ def git_state(root: Path = SUITE_ROOT) -> tuple[str | None, bool | None]:
 
 def profiles_used(nodes: Sequence[Node]) -> tuple[ProfileUse, ...]:
     """Each distinct profile the nodes are judged against, loaded once per distinct input with
-    the runner's own :func:`~validate.runner.profile_for`."""
+    the runner's own :func:`~validate.inventory.profile_for`."""
     groups: dict[str, list[Node]] = {}
     for node in nodes:
         key = json.dumps(
             [
                 node.profile,
-                node.vars.get("gpu_thresholds"),
-                [node.vars.get(v) for v in _PROFILE_VARS],
+                node.desired.thresholds,
+                [node.desired.profile_overrides.get(v) for v in _PROFILE_VARS],
             ],
             sort_keys=True,
             default=str,
@@ -147,7 +147,7 @@ def profiles_used(nodes: Sequence[Node]) -> tuple[ProfileUse, ...]:
     out: list[ProfileUse] = []
     for members in groups.values():
         first = members[0]
-        overrides = first.vars.get("gpu_thresholds")
+        overrides = first.desired.thresholds
         common: dict[str, Any] = {
             "overrides": dict(overrides) if isinstance(overrides, Mapping) else overrides,
             "pools": tuple(sorted({n.pool for n in members})),

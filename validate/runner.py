@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from validate.checks import Check, NodeContext, ToolFailure, Verdict
-from validate.inventory import Node
+from validate.inventory import Node, profile_for
 from validate.model import (
     CODE_DEADLINE,
     CODE_INTERNAL,
@@ -38,7 +38,7 @@ from validate.model import (
     Status,
     worst,
 )
-from validate.profiles import Profile, ProfileError, load_profile
+from validate.profiles import Profile, ProfileError
 from validate.transport import DEFAULT_MAX_OUTPUT_BYTES, Transport, TransportError
 from validate.transport.local import LocalTransport
 from validate.transport.ssh import SSHConfig, SSHTransport
@@ -149,17 +149,6 @@ def _row(
     )
 
 
-def profile_for(node: Node) -> Profile:
-    """The node's profile with its inventory overrides, as its checks judge against it (and as
-    run.json records it). Raises ProfileError."""
-    return load_profile(
-        node.profile,
-        node.vars.get("gpu_thresholds"),
-        inventory_vars=node.vars,
-        override_source=f"inventory gpu_thresholds ({node.name})",
-    )
-
-
 def run_node(
     node: Node,
     checks: Sequence[Check],
@@ -244,15 +233,6 @@ class _Running:
             LOG.exception("aborting %s failed", self.node.name)
 
 
-# The inventory variables load_profile() reads besides the profile name.
-_PROFILE_VARS = (
-    "gpu_thresholds",
-    "gpuready_drive_class",
-    "gpuready_scratch_path",
-    "gpuready_checkpoint_path",
-)
-
-
 class _Profiles:
     """Profiles loaded once per distinct (profile, overrides): parsing the YAML costs ~50 ms,
     and 64 workers doing it at once held the supervisor's thread starts for seconds."""
@@ -263,18 +243,13 @@ class _Profiles:
 
     def get(self, node: Node) -> Profile | None:
         """The node's profile, or None to let run_node report the error (named per node)."""
-        overrides = json.dumps({k: node.vars.get(k) for k in _PROFILE_VARS}, sort_keys=True,
+        overrides = json.dumps(dict(node.desired.profile_overrides), sort_keys=True,
                                default=repr)
         key = (node.profile, overrides)
         with self._lock:
             if key not in self._loaded:
                 try:
-                    self._loaded[key] = load_profile(
-                        node.profile,
-                        node.vars.get("gpu_thresholds"),
-                        inventory_vars=node.vars,
-                        override_source=f"inventory gpu_thresholds ({node.name})",
-                    )
+                    self._loaded[key] = profile_for(node)
                 except ProfileError:
                     return None
             return self._loaded[key]

@@ -1,6 +1,6 @@
 """A realistic run for report tests: real captured tool output (tests/fixtures) judged by the
 checks' own ``judge_*`` functions against each node's profile exactly as the runner loads it
-(``runner.profile_for``, from a real inventory), plus one node that really is unreachable (the
+(``inventory.profile_for``, from a real inventory), plus one node that really is unreachable (the
 runner's SSH transport against a closed port).
 
 Each node carries the checks we hold real captures for (no 8x A100 80GB ``nvidia-smi -q``
@@ -48,7 +48,7 @@ from validate.checks.gpu import (
 )
 from validate.checks.nccl import judge_allreduce
 from validate.checks.storage import FIO_METRICS, judge_fio
-from validate.inventory import Node, load
+from validate.inventory import Node, load, profile_for
 from validate.model import CheckResult
 from validate.parsers import (
     fio,
@@ -60,7 +60,7 @@ from validate.parsers import (
     xid,
 )
 from validate.profiles import Profile
-from validate.runner import default_transport, profile_for, run_node
+from validate.runner import default_transport, run_node
 
 RUN_ID = "20261202T120000Z"
 TIME = "2026-12-02T12:00:00+00:00"

@@ -180,8 +180,7 @@ def test_judge_against_history(tmp_path: Path) -> None:
     rows = [_row("n1", "nccl.allreduce", "busbw_gbps", 85.0),
             _row("n2", "nccl.allreduce", "busbw_gbps", 30.0),
             _row("n3", "nccl.allreduce", "busbw_gbps", 30.0)]
-    out_rows, findings = performance.judge(rows, nodes, bases, BaselineSettings(),
-                                           "gpuready_drift_margins")
+    out_rows, findings = performance.judge(rows, nodes, bases, BaselineSettings())
     by = {f.node: f for f in findings}
     # The failing run is not part of the baseline: median of 100, 101, 99, 100, 102.
     assert by["n1"].status is FindingStatus.DRIFT and "baseline 100" in by["n1"].declared

@@ -183,24 +183,24 @@ def test_pools_without_an_rdma_fabric_are_skipped():
 
 
 @pytest.mark.parametrize(("vars_", "message"), [
-    ({"gpuready_fabric_nccl_ib_gid_index": "3"}, "gpuready_fabric_nccl_ib_gid_index must be a "
-     "non-negative integer"),
-    ({"gpuready_fabric_nccl_ib_gid_index": True}, "non-negative integer"),
+    ({"gpuready_fabric_nccl_ib_gid_index": "3"}, "gpuready_fabric_nccl_ib_gid_index is '3', "
+     "not a non-negative integer"),
+    ({"gpuready_fabric_nccl_ib_gid_index": True}, "not a non-negative integer"),
     ({"gpuready_fabric_nccl_ib_hca": "mlx5_0, mlx5_1"}, "without blanks"),
-    ({"gpuready_fabric_nccl_env": ["NCCL_DEBUG=INFO"]}, "gpuready_fabric_nccl_env must be a "
-     "mapping"),
+    ({"gpuready_fabric_nccl_env": ["NCCL_DEBUG=INFO"]}, "gpuready_fabric_nccl_env is a list "),
     ({"gpuready_fabric_nccl_env": {"nccl_debug": "INFO"}}, "'nccl_debug' is not an "
      "environment variable name"),
     ({"gpuready_fabric_nccl_env": {"NCCL_IB_HCA": "mlx5"}}, "set it with "
      "gpuready_fabric_nccl_ib_hca"),
-    ({"gpuready_fabric_nccl_env": {"NCCL_DEBUG": "a\nb"}}, "one non-empty line"),
+    ({"gpuready_fabric_nccl_env": {"NCCL_DEBUG": "a\nb"}}, "not one non-empty line"),
     ({"gpuready_fabric_mpi_mca": {"plm_rsh_args": "-p 2222"}}, "set by the pair launch"),
     ({"gpuready_fabric_mpi_mca": {"BTL": "tcp"}}, "not an MCA parameter name"),
 ])
 def test_bad_inventory_variables_name_what_is_wrong(vars_: dict[str, object], message: str):
-    node = _node("gpu-7", **vars_)
+    # A wrong type is refused when the node's declared state is read (here: building the
+    # Node); a name the pair launch cannot take, when its settings are.
     with pytest.raises(InventoryError, match="host gpu-7: .*" + message.split("'", maxsplit=1)[0]):
-        fabric.pair_settings(node, load_profile("a100-sxm4-80gb-8x"))
+        fabric.pair_settings(_node("gpu-7", **vars_), load_profile("a100-sxm4-80gb-8x"))
 
 
 def test_mpirun_command_line():

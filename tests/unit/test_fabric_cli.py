@@ -72,7 +72,9 @@ def test_bad_fabric_variables_stop_before_any_node_is_touched(tmp_path: Path) ->
     inv = _inventory(tmp_path / "inv", "gpuready_fabric_nccl_ib_gid_index: three\n")
     code, _, err = _main("fabric", "-i", str(inv), "--out", str(tmp_path / "r"))
     assert code == ExitCode.USAGE_OR_TOOL_ERROR
-    assert "host gpu-1: gpuready_fabric_nccl_ib_gid_index must be a non-negative integer" in err
+    assert ("gpuready_fabric_nccl_ib_gid_index (set in group pool_h100_sxm, hosts gpu-1, "
+            "gpu-2) is 'three', not a non-negative integer") in err
+    assert "nothing was connected to" in err
     assert "[fabric pass" not in err and not (tmp_path / "r").exists()
     code, _, err = _main("run", "-i", str(inv), "--checks", "fabric.*",
                          "--out", str(tmp_path / "r"))

@@ -224,15 +224,23 @@ def test_bad_input_is_a_clear_error(cluster: StandIn, tmp_path: Path) -> None:
     assert code == ExitCode.USAGE_OR_TOOL_ERROR and "not a DNS subdomain" in err
 
 
-def test_a_renamed_node_is_found_and_a_broken_one_does_not_stop_the_others(
+def test_a_renamed_node_is_found_and_a_bad_declaration_stops_before_any_patch(
         cluster: StandIn, tmp_path: Path) -> None:
     register(cluster, "k8s-name-c1")
-    inv = inventory(tmp_path, cluster.kubeconfig, ["c1", "c2"], {
+    # A host that names a profile that does not exist is the inventory's error: the gate
+    # refuses before it touches any Node, naming the variable and where it was set.
+    bad = inventory(tmp_path / "bad", cluster.kubeconfig, ["c1", "c2"], {
         "c1": {"node_join_node_name": "k8s-name-c1"},
         "c2": {"gpu_profile": "no-such-profile"}})
+    code, out, err = gate("-i", str(bad), "--run", str(run_dir(tmp_path / "bad", {})))
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR, err
+    assert "gpu_profile (set on host c2)" in err and "no-such-profile" in err
+    labels = core_api(cluster).read_node("k8s-name-c1").metadata.labels or {}
+    assert f"{P}/validation" not in labels
+    inv = inventory(tmp_path, cluster.kubeconfig, ["c1"], {
+        "c1": {"node_join_node_name": "k8s-name-c1"}})
     code, out, err = gate("-i", str(inv), "--run", str(run_dir(tmp_path, {})))
-    assert code == ExitCode.USAGE_OR_TOOL_ERROR, err  # c2 could not be judged
+    assert code == ExitCode.OK, err
     assert "k8s-name-c1: passed; patched in 1 attempt(s)" in out
-    assert "c2: error" in out and "no-such-profile" in out
     node = core_api(cluster).read_node("k8s-name-c1")
     assert node.metadata.labels[f"{P}/validation"] == "passed"

@@ -159,7 +159,7 @@ def test_booleans_follow_ansible_rules_in_ini_and_quoted_yaml(tmp_path: Path) ->
                                                   r"templated: .*no_such_variable"),
     ("ansible_port: twenty-two", r"host n1: ansible_port is 'twenty-two', not a TCP port"),
     ("ansible_port: 70000", r"host n1: ansible_port is 70000, not a TCP port"),
-    ("gpu_pool: [h100]", r"host n1: gpu_pool must be a mapping, got \['h100'\]"),
+    ("gpu_pool: [h100]", r"gpu_pool \(set on host n1\) is a list \(\['h100'\]\), not a mapping"),
     ("gpu_profile: \"{{ 1 / 0 }}\"", r"host n1: variable gpu_profile cannot be templated"),
 ])
 def test_bad_values_name_the_host_and_the_variable(tmp_path: Path, host_vars: str,
@@ -172,3 +172,76 @@ def test_bad_values_name_the_host_and_the_variable(tmp_path: Path, host_vars: st
     })
     with pytest.raises(InventoryError, match=message):
         load(inv)
+
+
+POOLS = """
+all:
+  children:
+    gpu_nodes:
+      children:
+        pool_h100_sxm:
+          hosts:
+            h1: {}
+            h2: {}
+            h3:
+              gpuready_fio_size_mib: lots
+        pool_l40s_pcie:
+          hosts:
+            l1: {}
+"""
+
+
+def test_declared_state_is_read_once_into_typed_records(inv: Path) -> None:
+    nodes = {n.name: n for n in load(inv)}
+    h100, l40s = nodes["gpu-h100-02"].desired, nodes["gpu-l40s-01"].desired
+    assert h100.pins.driver_version == "550.90.07"
+    assert l40s.pins.driver_version == "535.161.08"  # templated, as Ansible would
+    assert h100.thresholds == {"nccl": {"allreduce_busbw_gbps": {"fail": 100}}}  # host wins
+    assert nodes["gpu-h100-01"].desired.thresholds == {
+        "nccl": {"allreduce_busbw_gbps": {"warn": 470}}}
+    assert h100.services is None and h100.storage.fio_size_mib is None
+
+
+def test_every_bad_declared_value_is_named_with_where_it_was_set(tmp_path: Path) -> None:
+    """Bad values of all hosts are reported together, before anything connects; a bad group
+    variable once, with its group and the hosts it reaches."""
+    bad = _write(tmp_path / "bad", {
+        "hosts.yml": POOLS,
+        "group_vars/pool_h100_sxm.yml": (
+            "gpu_profile: h100-sxm5-80gb-8x\n"
+            "nvidia_driver_version: 550.90\n"  # a YAML float: the pin lost its spelling
+            "gpuready_services: nvidia-persistenced\n"),
+        "group_vars/pool_l40s_pcie.yml": "gpu_profile: l40s-pcie-48gb-4x\n"
+                                         "gpuready_drift_margins: {nccl_busbw_gbps: 5}\n",
+    })
+    with pytest.raises(InventoryError) as err:
+        load(bad)
+    text = str(err.value)
+    assert "3 bad declared value(s); nothing was connected to" in text
+    assert ("nvidia_driver_version (set in group pool_h100_sxm, hosts h1, h2, h3) is the YAML "
+            "number 550.9") in text and "quote the version" in text
+    assert "gpuready_fio_size_mib (set on host h3) is 'lots', not a positive integer" in text
+    assert ("gpuready_drift_margins (set in group pool_l40s_pcie, host l1) nccl_busbw_gbps is "
+            "5, not a fraction between 0 and 1") in text
+    assert "gpuready_services" not in text  # one unit name is a list of one, as the roles take
+
+
+@pytest.mark.parametrize(("pool_vars", "expected"), [
+    ("gpu_profile: h100-sxm5-80gb-4x\n",
+     r"gpu_profile \(set in group pool_h100_sxm, hosts h1, h2\) is not usable: "
+     r".*h100-sxm5-80gb-4x"),
+    ("gpu_profile: h100-sxm5-80gb-8x\ngpu_thresholds: {nccl: {allreduce_busbw_gbps: {fail: x}}}\n",
+     r"gpu_thresholds \(set in group pool_h100_sxm, hosts h1, h2\) is not usable: .*fail"),
+])
+def test_a_profile_that_cannot_be_used_fails_the_inventory(tmp_path: Path, pool_vars: str,
+                                                            expected: str) -> None:
+    bad = _write(tmp_path / "bad", {
+        "hosts.yml": POOLS.replace("            h3:\n              gpuready_fio_size_mib: lots\n",
+                                   ""),
+        "group_vars/pool_h100_sxm.yml": pool_vars,
+        "group_vars/pool_l40s_pcie.yml": "gpu_profile: l40s-pcie-48gb-4x\n",
+    })
+    with pytest.raises(InventoryError, match=expected):
+        load(bad)
+    # The pool that is fine is not the problem: limited to it, the inventory loads.
+    assert [n.name for n in load(bad, limit="pool_l40s_pcie")] == ["l1"]

@@ -120,8 +120,7 @@ class GpuDriver(Check):
     order = 5
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
-        pin = ctx.node.vars.get("nvidia_driver_version")
-        return judge_driver(smi_log(ctx), str(pin) if pin else None)
+        return judge_driver(smi_log(ctx), ctx.node.desired.pins.driver_version)
 
 
 def judge_driver(log: NvidiaSmiLog, pin: str | None) -> list[Verdict]:
@@ -513,8 +512,8 @@ class GpuXid(Check):
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
         window = ctx.profile.value("xid.window", str)
-        if "gpuready_xid_window" in ctx.node.vars:
-            window = str(ctx.node.vars["gpuready_xid_window"])
+        if ctx.node.desired.xid_window is not None:
+            window = ctx.node.desired.xid_window
         argv = (
             "journalctl",
             "--no-pager",

@@ -31,12 +31,7 @@ class NodeServices(Check):
     order = 3
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
-        override = ctx.node.vars.get("gpuready_services")
-        if override is not None and not (
-            isinstance(override, list) and all(isinstance(u, str) for u in override)
-        ):
-            raise ToolFailure("inventory.invalid", "gpuready_services must be a list of units")
-        units = tuple(override) if override else expected_units(ctx.profile.hardware.nvswitch)
+        units = ctx.node.desired.services or expected_units(ctx.profile.hardware.nvswitch)
         result = ctx.output(("systemctl", "is-active", *units), ok_rcs=(0, 3, 4))
         kubelet_waiting = False
         if KUBELET in units and _state_of(units, result.stdout, KUBELET) != "active":

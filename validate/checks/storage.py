@@ -145,19 +145,19 @@ def guarded_script(
     return "\n".join(lines) + "\n"
 
 
-def inventory_int(ctx: NodeContext, var: str, default: int) -> int:
-    """A positive integer inventory variable, or ToolFailure(inventory.invalid) naming it."""
-    value = ctx.node.vars.get(var, default)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ToolFailure(CODE_INVENTORY, f"host {ctx.node.name}: {var} must be a positive "
-                                          f"integer, got {value!r}")
-    return value
+def _size_mib(ctx: NodeContext, declared: int | None, default: int, what: str) -> int:
+    """The inventory's size (checked positive when the inventory was read), else the
+    profile's, which must be positive too (ToolFailure(inventory.invalid) naming it)."""
+    if declared is not None:
+        return declared
+    if isinstance(default, bool) or not isinstance(default, int) or default <= 0:
+        raise ToolFailure(CODE_INVENTORY, f"host {ctx.node.name}: profile {ctx.profile.name} "
+                                          f"{what} must be a positive integer, got {default!r}")
+    return default
 
 
-def _path_source(ctx: NodeContext, var: str, key: str) -> str:
-    return (f"inventory {var} of {ctx.node.name}" if var in ctx.node.vars
+def _path_source(ctx: NodeContext, declared: str | None, var: str, key: str) -> str:
+    return (f"inventory {var} of {ctx.node.name}" if declared is not None
             else f"profile {ctx.profile.name} storage.{key}")
 
 
@@ -233,9 +233,11 @@ class StorageFio(Check):
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
         p = ctx.profile
-        base = safe_base(p.scratch_path,
-                         _path_source(ctx, "gpuready_scratch_path", "scratch_path"))
-        size = inventory_int(ctx, "gpuready_fio_size_mib", p.value("fio.size_mib", int))
+        declared = ctx.node.desired.storage
+        base = safe_base(p.scratch_path, _path_source(ctx, declared.scratch_path,
+                                                      "gpuready_scratch_path", "scratch_path"))
+        size = _size_mib(ctx, declared.fio_size_mib, p.value("fio.size_mib", int),
+                         "fio.size_mib")
         work = work_dir(base, "fio", ctx.run_id)
         argv = fio_argv(
             remote_path(posixpath.join(work, "fio.dat"), "fio file"),
@@ -298,10 +300,11 @@ class StorageCheckpoint(Check):
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
         p = ctx.profile
-        base = safe_base(p.checkpoint_path,
-                         _path_source(ctx, "gpuready_checkpoint_path", "checkpoint_path"))
-        size = inventory_int(ctx, "gpuready_checkpoint_size_mib",
-                             p.value("checkpoint.size_mib", int))
+        declared = ctx.node.desired.storage
+        base = safe_base(p.checkpoint_path, _path_source(
+            ctx, declared.checkpoint_path, "gpuready_checkpoint_path", "checkpoint_path"))
+        size = _size_mib(ctx, declared.checkpoint_size_mib, p.value("checkpoint.size_mib", int),
+                         "checkpoint.size_mib")
         work = work_dir(base, "checkpoint", ctx.run_id)
         f = remote_path(posixpath.join(work, "checkpoint.bin"), "checkpoint file")
         # /dev/zero is compressible: on compressing filesystems the figure is optimistic.

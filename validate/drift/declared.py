@@ -10,18 +10,29 @@ default that is a Jinja expression is not evaluated and reads as unset.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from validate import desired
+from validate.desired import DesiredState
 from validate.inventory import Node
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 
 # Drift settings an inventory may set per pool or host.
-MARGINS_VAR = "gpuready_drift_margins"  # {figure: fraction}, e.g. {fio_seq_read_mibps: 0.9}
-KERNEL_VAR = "gpuready_kernel_release"  # optional kernel pin ("6.1.0-26-amd64")
+MARGINS_VAR = desired.DRIFT_MARGINS  # {figure: fraction}, e.g. {fio_seq_read_mibps: 0.9}
+KERNEL_VAR = desired.KERNEL_PIN  # optional kernel pin ("6.1.0-26-amd64")
+
+# The role inputs drift compares against, as the node's declared state holds them.
+_DECLARED: dict[str, Callable[[DesiredState], Any]] = {
+    desired.PERSISTENCED: lambda d: d.drift.persistenced_enabled,
+    desired.PEERMEM_FABRICS: lambda d: d.drift.peermem_fabrics,
+    desired.KERNEL_MODULES: lambda d: d.drift.kernel_modules,
+    desired.RUNTIME_NAME: lambda d: d.drift.runtime_name,
+}
 
 
 @functools.cache
@@ -43,10 +54,10 @@ def role_default(role: str, var: str) -> Any:
 
 
 def declared(node: Node, role: str, var: str) -> Any:
-    """The inventory's value of ``var`` for ``node``, else the role's default."""
-    if var in node.vars:
-        return node.vars[var]
-    return role_default(role, var)
+    """The inventory's value of ``var`` for ``node`` (its declared state), else the role's
+    default."""
+    value = _DECLARED[var](node.desired)
+    return value if value is not None else role_default(role, var)
 
 
 def as_bool(value: Any, default: bool) -> bool:

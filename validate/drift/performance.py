@@ -73,15 +73,13 @@ def measure(node: Node, profile: Profile, checks: Sequence[Check], probe: NodePr
     return rows + skipped
 
 
-def margin_for(node: Node, figure: str, default: float, margins_var: str) -> float:
-    margins = node.vars.get(margins_var)
-    if isinstance(margins, Mapping) and figure in margins:
-        return float(margins[figure])
-    return default
+def margin_for(node: Node, figure: str, default: float) -> float:
+    """The node's declared margin for ``figure`` (gpuready_drift_margins), else ``default``."""
+    return node.desired.drift.margins.get(figure, default)
 
 
 def judge(rows: Sequence[CheckResult], nodes: Mapping[str, Node], bases: pd.DataFrame,
-          settings: BaselineSettings, margins_var: str
+          settings: BaselineSettings
           ) -> tuple[list[CheckResult], list[Finding]]:
     """Each figure row against the node's baseline (``bases``: validate.history.baselines);
     returns the rows (drifted ones as warn) and the findings (drift, or skipped with the
@@ -107,7 +105,7 @@ def judge(rows: Sequence[CheckResult], nodes: Mapping[str, Node], bases: pd.Data
             out_rows.append(row)
             continue
         figure = figure_name(row.check, row.metric)
-        margin = margin_for(node, figure, settings.margin, margins_var)
+        margin = margin_for(node, figure, settings.margin)
         base, used = known.get((row.node, row.check, row.metric), (None, 0))
         if base is None or pd.isna(base):
             findings.append(Finding(

@@ -30,7 +30,7 @@ from validate.checks.base import NodeContext, ToolFailure
 from validate.checks.gpu import NVSMI_XML
 from validate.checks.node import KUBELET, KUBELET_KUBECONFIG, expected_units
 from validate.drift.config import PackageTask
-from validate.drift.declared import KERNEL_VAR, as_bool, as_list, declared
+from validate.drift.declared import as_bool, as_list, declared
 from validate.drift.model import Finding, FindingStatus, Layer
 from validate.parsers import (
     ParseError,
@@ -130,9 +130,9 @@ class Prober:
         except ToolFailure as exc:
             self.error(Layer.VERSIONS, "kernel", exc, "uname -r")
             return
-        pin = self.node.vars.get(KERNEL_VAR)
-        if pin and str(pin) != kernel:
-            self.finding(Layer.VERSIONS, "kernel", str(pin), kernel, source="uname -r")
+        pin = self.node.desired.pins.kernel_release
+        if pin and pin != kernel:
+            self.finding(Layer.VERSIONS, "kernel", pin, kernel, source="uname -r")
 
     def _packages(self) -> None:
         try:
@@ -159,8 +159,7 @@ class Prober:
             self.out.smi_problem = f"nvidia-smi -q -x: {exc}"
 
     def _driver(self) -> None:
-        pin = self.node.vars.get("nvidia_driver_version")
-        pin = str(pin) if pin else ""
+        pin = self.node.desired.pins.driver_version or ""
         library = self._library_version()
         module = self._module_version()
         problem = self.out.smi_problem
@@ -213,9 +212,8 @@ class Prober:
     # -- runtime -------------------------------------------------------------------------
 
     def _services(self) -> None:
-        override = self.node.vars.get("gpuready_services")
-        units = (tuple(str(u) for u in override) if isinstance(override, list) and override
-                 else expected_units(self.ctx.profile.hardware.nvswitch))
+        units = (self.node.desired.services
+                 or expected_units(self.ctx.profile.hardware.nvswitch))
         try:
             res = self.ctx.output(("systemctl", "is-active", *units), ok_rcs=(0, 3, 4))
         except ToolFailure as exc:

@@ -29,12 +29,11 @@ from validate import runner
 from validate.checks import NodeContext
 from validate.drift import config, labels, performance, probes
 from validate.drift import report as drift_report
-from validate.drift.declared import MARGINS_VAR
 from validate.drift.model import Finding, FindingStatus, Layer, exit_code, merged
 from validate.history import BASELINE_COLUMNS, FIGURES, BaselineSettings, baselines
-from validate.inventory import Node, load
+from validate.inventory import Node, load, profile_for
 from validate.model import CheckResult, ExitCode
-from validate.profiles import ProfileError, load_profile
+from validate.profiles import ProfileError
 from validate.transport import Transport
 
 LOG = logging.getLogger(__name__)
@@ -95,9 +94,7 @@ def _baselines(opts: DriftOptions, nodes: Sequence[Node], figures: list[tuple[st
 def _one_node(node: Node, opts: DriftOptions, run_id: str, perf: Sequence[check_registry.Check],
               transport: Transport) -> _NodeOutcome:
     try:
-        profile = load_profile(node.profile, node.vars.get("gpu_thresholds"),
-                               inventory_vars=node.vars,
-                               override_source=f"inventory gpu_thresholds ({node.name})")
+        profile = profile_for(node)
     except ProfileError as exc:
         return _NodeOutcome([Finding(node.name, node.pool, Layer.CONFIGURATION, "gpu_profile",
                                      node.profile, "unreadable", FindingStatus.ERROR, str(exc),
@@ -210,8 +207,7 @@ def run_drift(
     if Layer.LABELS in opts.layers:
         findings += labels.layer(nodes, desired_labels)
     if perf:
-        rows, perf_findings = performance.judge(rows, by_name, history, opts.baseline,
-                                                MARGINS_VAR)
+        rows, perf_findings = performance.judge(rows, by_name, history, opts.baseline)
         findings += perf_findings
 
     findings = [f for f in merged(findings) if f.layer in opts.layers
@@ -223,8 +219,7 @@ def run_drift(
     since = drift_report.since_times(opts.out, findings,
                                      started_at.isoformat(timespec="seconds"), exclude=run_id)
     table = drift_report.findings_frame(findings, since)
-    labels_env = sorted({str(n.vars["gpuready_environment"]) for n in nodes
-                         if n.vars.get("gpuready_environment")})
+    labels_env = sorted({n.desired.environment for n in nodes if n.desired.environment})
     meta = drift_report.RunMeta(
         run_id=run_id,
         started=started_at.isoformat(timespec="seconds"),

@@ -1,0 +1,323 @@
+"""What the inventory declares for one GPU node, read once into typed records.
+
+The validators read a node's declared state here and nowhere else: the driver and kernel pins,
+the services that must run, storage paths and sizes, the Xid window, the gate's settings, the
+fabric's NCCL and MPI settings, drift's role inputs and margins, the cost inputs and the
+profile overrides. :func:`read` turns the templated inventory variables of one host into a
+:class:`DesiredState`, checking each value's type; it returns every problem rather than the
+first, so that the loader (``validate.inventory.load``) can name each bad variable with the
+group or host it was set on and refuse the inventory before any connection is made.
+
+What a value means beyond its type is judged where it is used: the profile (``gpu_profile``,
+``gpu_thresholds``) by ``validate.profiles`` (the loader loads each pool's profile up front as
+well), the cost inputs by ``validate.cost``, reserved MPI parameters by ``validate.fabric``.
+
+Output: :class:`DesiredState`; problems as :class:`Problem` (variable, what is wrong).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ansible.module_utils.parsing.convert_bool import boolean
+
+# Every variable the validators read (besides the connection settings, which
+# validate.transport.route reads): the loader templates exactly these.
+PROFILE = "gpu_profile"
+POOL = "gpu_pool"
+THRESHOLDS = "gpu_thresholds"
+ENVIRONMENT = "gpuready_environment"
+DRIVER_PIN = "nvidia_driver_version"
+KERNEL_PIN = "gpuready_kernel_release"
+SERVICES = "gpuready_services"
+SCRATCH_PATH = "gpuready_scratch_path"
+DRIVE_CLASS = "gpuready_drive_class"
+CHECKPOINT_PATH = "gpuready_checkpoint_path"
+FIO_SIZE = "gpuready_fio_size_mib"
+CHECKPOINT_SIZE = "gpuready_checkpoint_size_mib"
+XID_WINDOW = "gpuready_xid_window"
+KUBECONFIG = "gpuready_kubeconfig"
+LABEL_PREFIX = "gpuready_label_prefix"
+NODE_NAME = "node_join_node_name"
+PERSISTENCED = "nvidia_driver_persistenced_enabled"
+PEERMEM_FABRICS = "nvidia_driver_peermem_fabrics"
+KERNEL_MODULES = "gpu_kernel_prereqs_modules"
+RUNTIME_NAME = "nvidia_container_toolkit_runtime_name"
+DRIFT_MARGINS = "gpuready_drift_margins"
+IB_HCA = "gpuready_fabric_nccl_ib_hca"
+IB_GID_INDEX = "gpuready_fabric_nccl_ib_gid_index"
+SOCKET_IFNAME = "gpuready_fabric_nccl_socket_ifname"
+NCCL_ENV = "gpuready_fabric_nccl_env"
+MPI_MCA = "gpuready_fabric_mpi_mca"
+COST = "gpuready_cost"
+
+# The inventory variables load_profile() reads besides the profile name.
+PROFILE_VARS = (THRESHOLDS, DRIVE_CLASS, SCRATCH_PATH, CHECKPOINT_PATH)
+
+_NO_SPACE = re.compile(r"^\S+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One declared value that cannot be used: the variable and what is wrong with it."""
+
+    var: str
+    reason: str
+
+
+class _Bad(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Pins:
+    """Exact versions the node must run (None: not pinned)."""
+
+    driver_version: str | None = None
+    kernel_release: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """Where and how much the storage checks write (None: the profile's value, or default)."""
+
+    drive_class: str | None = None
+    scratch_path: str | None = None
+    checkpoint_path: str | None = None
+    fio_size_mib: int | None = None
+    checkpoint_size_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GateSettings:
+    """Where the cluster is, the site's label prefix, and the node's Kubernetes name."""
+
+    kubeconfig: str | None = None
+    label_prefix: str | None = None
+    node_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FabricSettings:
+    """How the pool's NCCL pair test runs (names and values checked for shape here; reserved
+    names by validate.fabric)."""
+
+    ib_hca: str | None = None
+    ib_gid_index: int | None = None
+    socket_ifname: str | None = None
+    nccl_env: Mapping[str, str] = field(default_factory=dict)
+    mpi_mca: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DriftInputs:
+    """The bootstrap roles' inputs drift compares the live node against (None: the role's
+    default), and per-figure margins."""
+
+    persistenced_enabled: bool | None = None
+    peermem_fabrics: tuple[str, ...] | None = None
+    kernel_modules: tuple[str, ...] | None = None
+    runtime_name: str | None = None
+    margins: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredState:
+    """One node's declared state (see the module docstring)."""
+
+    environment: str | None = None
+    pins: Pins = field(default_factory=Pins)
+    services: tuple[str, ...] | None = None
+    storage: Storage = field(default_factory=Storage)
+    xid_window: str | None = None
+    gate: GateSettings = field(default_factory=GateSettings)
+    fabric: FabricSettings = field(default_factory=FabricSettings)
+    drift: DriftInputs = field(default_factory=DriftInputs)
+    # Shape checked here (a mapping); its content by validate.cost, per pool.
+    cost: Mapping[str, Any] | None = None
+    # What the profile is judged with: gpu_thresholds and the storage variables, as declared.
+    profile_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def thresholds(self) -> Mapping[str, Any] | None:
+        value = self.profile_overrides.get(THRESHOLDS)
+        return value if isinstance(value, Mapping) else None
+
+
+# -- value readers: each returns the typed value or raises _Bad with what is wrong ----------
+
+
+def _line(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _Bad(f"is {value!r}, not a string")
+    text = str(value)
+    if not text.strip() or "\n" in text:
+        raise _Bad(f"is {value!r}, not one non-empty line")
+    return text
+
+
+def _version(value: Any) -> str:
+    if isinstance(value, float):
+        raise _Bad(f"is the YAML number {value!r}, which lost its exact spelling: quote the "
+                   "version (\"550.90.07\")")
+    return _line(value)
+
+
+def _word(value: Any) -> str:
+    text = _line(value)
+    if not _NO_SPACE.match(text):
+        raise _Bad(f"is {value!r}, not a single word without blanks")
+    return text
+
+
+def _path(value: Any) -> str:
+    text = _line(value)
+    if not text.startswith("/"):
+        raise _Bad(f"is {value!r}, not an absolute path")
+    return text
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _Bad(f"is {value!r}, not a positive integer")
+    return value
+
+
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Bad(f"is {value!r}, not a non-negative integer")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    try:
+        return bool(boolean(value, strict=True))
+    except TypeError:
+        raise _Bad(f"is {value!r}, not a boolean (Ansible reads yes/no, true/false, on/off, "
+                   "1/0)") from None
+
+
+def _words(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):  # a single name, as the roles accept it
+        return (_word(value),)
+    if not isinstance(value, list | tuple):
+        raise _Bad(f"is {value!r}, not a list of names")
+    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, str | int)
+           or not _NO_SPACE.match(str(v))]
+    if bad:
+        raise _Bad(f"has entries that are not names: {bad!r}")
+    return tuple(str(v) for v in value)
+
+
+def _kind(value: Any) -> str:
+    """What YAML gave, in its words (Ansible wraps values in types of its own)."""
+    for kind, name in ((bool, "a boolean"), (str, "a string"), (int, "an integer"),
+                       (float, "a number"), (Mapping, "a mapping"), (list, "a list")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _Bad(f"is {_kind(value)} ({value!r}), not a mapping")
+    return value
+
+
+def _scalars(value: Any) -> Mapping[str, str]:
+    """A mapping of names to one-line scalars (an environment, MCA parameters)."""
+    raw = _mapping(value)
+    out: dict[str, str] = {}
+    for key, item in raw.items():
+        if not isinstance(key, str) or not key:
+            raise _Bad(f"has the key {key!r}, not a name")
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise _Bad(f"{key} is {item!r}, not a string or number")
+        text = str(item)
+        if not text or "\n" in text:
+            raise _Bad(f"{key} is {item!r}, not one non-empty line")
+        out[key] = text
+    return out
+
+
+def _margins(value: Any) -> Mapping[str, float]:
+    raw = _mapping(value)
+    out: dict[str, float] = {}
+    for key, item in raw.items():
+        if isinstance(item, bool) or not isinstance(item, int | float) or not 0 <= item < 1:
+            raise _Bad(f"{key} is {item!r}, not a fraction between 0 and 1")
+        out[str(key)] = float(item)
+    return out
+
+
+_READERS: dict[str, Callable[[Any], Any]] = {
+    PROFILE: _word,
+    POOL: _mapping,
+    THRESHOLDS: _mapping,
+    ENVIRONMENT: _line,
+    DRIVER_PIN: _version,
+    KERNEL_PIN: _word,
+    SERVICES: _words,
+    SCRATCH_PATH: _path,
+    DRIVE_CLASS: _word,
+    CHECKPOINT_PATH: _path,
+    FIO_SIZE: _positive_int,
+    CHECKPOINT_SIZE: _positive_int,
+    XID_WINDOW: _line,
+    KUBECONFIG: _path,
+    LABEL_PREFIX: _word,
+    NODE_NAME: _word,
+    PERSISTENCED: _bool,
+    PEERMEM_FABRICS: _words,
+    KERNEL_MODULES: _words,
+    RUNTIME_NAME: _word,
+    DRIFT_MARGINS: _margins,
+    IB_HCA: _word,
+    IB_GID_INDEX: _non_negative_int,
+    SOCKET_IFNAME: _word,
+    NCCL_ENV: _scalars,
+    MPI_MCA: _scalars,
+    COST: _mapping,
+}
+
+# The variables this module reads, in a stable order (the loader templates these).
+VARS: tuple[str, ...] = tuple(_READERS)
+
+
+def read(values: Mapping[str, Any]) -> tuple[DesiredState, tuple[Problem, ...]]:
+    """The declared state from one host's templated variables, and every value that cannot be
+    used (a bad value reads as unset in the state; the caller refuses the inventory)."""
+    got: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for var, reader in _READERS.items():
+        value = values.get(var)
+        if value is None:  # unset, or set to null: the role's or profile's default applies
+            continue
+        try:
+            got[var] = reader(value)
+        except _Bad as exc:
+            problems.append(Problem(var, exc.reason))
+    state = DesiredState(
+        environment=got.get(ENVIRONMENT),
+        pins=Pins(got.get(DRIVER_PIN), got.get(KERNEL_PIN)),
+        services=got.get(SERVICES) or None,
+        storage=Storage(got.get(DRIVE_CLASS), got.get(SCRATCH_PATH), got.get(CHECKPOINT_PATH),
+                        got.get(FIO_SIZE), got.get(CHECKPOINT_SIZE)),
+        xid_window=got.get(XID_WINDOW),
+        gate=GateSettings(got.get(KUBECONFIG), got.get(LABEL_PREFIX), got.get(NODE_NAME)),
+        fabric=FabricSettings(got.get(IB_HCA), got.get(IB_GID_INDEX), got.get(SOCKET_IFNAME),
+                              got.get(NCCL_ENV, {}), got.get(MPI_MCA, {})),
+        drift=DriftInputs(got.get(PERSISTENCED), got.get(PEERMEM_FABRICS),
+                          got.get(KERNEL_MODULES), got.get(RUNTIME_NAME),
+                          got.get(DRIFT_MARGINS, {})),
+        cost=got.get(COST),
+        profile_overrides={v: got[v] for v in PROFILE_VARS if v in got},
+    )
+    return state, tuple(problems)
