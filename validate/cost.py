@@ -46,6 +46,7 @@ from typing import Any
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 
 from validate.inventory import Node
+from validate.model import Status
 from validate.profiles import ProfileError, load_profile
 from validate.report import ReportExtras
 
@@ -54,7 +55,7 @@ COMPONENTS = ("compute", "network", "storage", "support", "idle", "failed_runs",
 BASES = ("per_gpu_hour", "monthly")
 HOURS_PER_MONTH = 730.0  # 8760 / 12
 INPUTS_FILE = "capacity_inputs.json"
-_OUT = ("fail", "error")
+_OUT = (Status.FAIL.value, Status.ERROR.value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -580,8 +580,10 @@ class FabricOutcome:
 def _row(run_id: str, node: Node, profile: str, status: Status, code: str, detail: str,
          value: float | None = None, warn: float | None = None, fail: float | None = None,
          duration_s: float = 0.0) -> CheckResult:
-    return CheckResult(run_id, _now(), node.name, node.pool, profile, CHECK_ID, METRIC, value,
-                       "GB/s", warn, fail, status, code, detail, round(duration_s, 3))
+    return CheckResult(run_id=run_id, time=_now(), node=node.name, pool=node.pool,
+                       profile=profile, check=CHECK_ID, metric=METRIC, value=value, unit="GB/s",
+                       warn=warn, fail=fail, status=status, code=code, detail=detail,
+                       duration_s=round(duration_s, 3))
 
 
 def run_fabric(

@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from validate.model import Status
 from validate.report import KEY_FIGURES
 
 RESULTS_FILE = "results.parquet"
@@ -195,7 +196,8 @@ class _Rows:
 
     @property
     def passing(self) -> np.ndarray:
-        return np.asarray(np.asarray(self.status_names == "pass", dtype=bool)[self.status])
+        passed = np.asarray(self.status_names == Status.PASS.value, dtype=bool)
+        return np.asarray(passed[self.status])
 
     @property
     def ends(self) -> np.ndarray:

@@ -131,21 +131,21 @@ def _row(
     run_id: str, node: Node, profile: str, check: str, v: Verdict, duration_s: float
 ) -> CheckResult:
     return CheckResult(
-        run_id,
-        _now(),
-        node.name,
-        node.pool,
-        profile,
-        check,
-        v.metric,
-        v.value,
-        v.unit,
-        v.warn,
-        v.fail,
-        v.status,
-        v.code,
-        v.detail,
-        round(duration_s, 3),
+        run_id=run_id,
+        time=_now(),
+        node=node.name,
+        pool=node.pool,
+        profile=profile,
+        check=check,
+        metric=v.metric,
+        value=v.value,
+        unit=v.unit,
+        warn=v.warn,
+        fail=v.fail,
+        status=v.status,
+        code=v.code,
+        detail=v.detail,
+        duration_s=round(duration_s, 3),
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 
-from validate.drift.model import Layer
+from validate.drift.model import FindingStatus, Layer
 from validate.drift.performance import DEFAULT_CHECKS
 from validate.drift.run import DriftOptions, run_drift
 from validate.history import (
@@ -115,7 +115,7 @@ def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         stderr.flush()
 
     result = run_drift(opts, progress=say)
-    drift = result.table[result.table["status"] == "drift"]
+    drift = result.table[result.table["status"] == FindingStatus.DRIFT.value]
     for r in drift.itertuples(index=False):
         stdout.write(f"DRIFT {r.node} {r.layer} {r.item}: declared {r.declared}, "
                      f"actual {r.actual} (since {r.since})\n")

@@ -41,9 +41,10 @@ CODE_NO_DRIVER = "drift.driver_unusable"
 
 def _skip_row(run_id: str, node: Node, profile: str, check: str, code: str,
               reason: str) -> CheckResult:
-    return CheckResult(run_id, datetime.now(UTC).isoformat(timespec="seconds"), node.name,
-                       node.pool, profile, check, "", None, "", None, None, Status.SKIP, code,
-                       reason, 0.0)
+    return CheckResult(run_id=run_id, time=datetime.now(UTC).isoformat(timespec="seconds"),
+                       node=node.name, pool=node.pool, profile=profile, check=check, metric="",
+                       value=None, unit="", warn=None, fail=None, status=Status.SKIP, code=code,
+                       detail=reason, duration_s=0.0)
 
 
 def busy_reason(probe: NodeProbe) -> str:

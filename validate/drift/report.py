@@ -99,9 +99,9 @@ def since_times(root: Path, findings: Sequence[Finding], now: str, exclude: str 
         except (OSError, pa.ArrowInvalid):
             continue
         df = prev.to_pandas()
-        drifted = set(zip(df.loc[df["status"] == "drift", "node"],
-                          df.loc[df["status"] == "drift", "layer"],
-                          df.loc[df["status"] == "drift", "item"], strict=True))
+        drifted = set(zip(df.loc[df["status"] == FindingStatus.DRIFT.value, "node"],
+                          df.loc[df["status"] == FindingStatus.DRIFT.value, "layer"],
+                          df.loc[df["status"] == FindingStatus.DRIFT.value, "item"], strict=True))
         for key in list(open_keys):
             if key[0] not in checked:
                 continue  # that run did not look at this node: the streak goes on
@@ -130,11 +130,11 @@ def prometheus(table: pd.DataFrame, meta: RunMeta, pools: dict[str, str],
     included, so an alert can tell "clean" from "not measured"), ``gpuready_drift_layer_
     checked`` (0 where a layer was unavailable, skipped entirely or failed), the run time,
     status and duration."""
-    drift = table[table["status"] == "drift"]
+    drift = table[table["status"] == FindingStatus.DRIFT.value]
     counts = drift.groupby(["node", "layer"]).size().to_dict()
     blocked = table[table["status"].isin(["unavailable", "error", "unreachable"])]
     not_checked = set(zip(blocked["node"], blocked["layer"], strict=True))
-    unreachable = set(table.loc[table["status"] == "unreachable", "node"])
+    unreachable = set(table.loc[table["status"] == FindingStatus.UNREACHABLE.value, "node"])
     out = [
         "# HELP gpuready_drift_items Items that drifted from the inventory, per node and layer "
         "(last drift run).",
@@ -181,7 +181,7 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]
 
 
 def summary_markdown(table: pd.DataFrame, meta: RunMeta) -> str:
-    drift = table[table["status"] == "drift"]
+    drift = table[table["status"] == FindingStatus.DRIFT.value]
     lines = [f"# gpuready drift run {meta.run_id}", ""]
     if meta.environment:
         lines += [f"**Environment: {meta.environment}**", ""]
@@ -215,7 +215,7 @@ def summary_markdown(table: pd.DataFrame, meta: RunMeta) -> str:
 
 
 def html_page(markdown: str, table: pd.DataFrame, meta: RunMeta) -> str:
-    drift = table[table["status"] == "drift"]
+    drift = table[table["status"] == FindingStatus.DRIFT.value]
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in
                          (r.node, r.layer, r.item, r.declared, r.actual, r.since))
