@@ -179,7 +179,11 @@ EXPECTED_CODES = {
     # each command times out (a stalled stream, a status without EOF) until the node deadline
     "output_stall": {"tool.timeout", "host.deadline"},
     "status_no_eof": {"tool.timeout", "host.deadline"},
-    "flood": {"tool.output_too_large"},
+    # Each command floods until the client closes its channel at the output cap. The peer's
+    # SSH connection does not always survive that: a later command may find it gone ("cannot
+    # start journalctl: Broken pipe"), which is what host.unresponsive says. Every flooding node
+    # must still show the cap at least once (asserted below).
+    "flood": {"tool.output_too_large", "host.unresponsive"},
 }
 
 
@@ -223,8 +227,11 @@ def test_64_hosts_60_dead_or_stalled(tmp_path: Path, fixtures_dir: Path) -> None
         mine = rows[rows["node"].str.startswith(behaviour.replace("_", "-"))]
         assert mine["node"].nunique() == count
         assert set(mine["code"]) <= EXPECTED_CODES[behaviour] | {"ok"}, (
-            behaviour, sorted(set(mine["code"])))
+            behaviour, mine[["node", "check", "code", "detail", "duration_s"]].to_string())
         assert set(mine["code"]) & EXPECTED_CODES[behaviour], behaviour
+    flood = rows[rows["node"].str.startswith("flood-")]
+    capped = flood[flood["code"] == "tool.output_too_large"]
+    assert set(capped["node"]) == set(flood["node"]), flood.to_string()
     healthy = rows[rows["node"].str.startswith("ok-")]
     assert not healthy["code"].str.startswith("host.").any()
     assert (healthy[healthy["check"] == "node.services"]["status"] == "pass").all()
