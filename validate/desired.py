@@ -271,7 +271,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     FIO_SIZE: _positive_int,
     CHECKPOINT_SIZE: _positive_int,
     XID_WINDOW: _line,
-    KUBECONFIG: _path,
+    KUBECONFIG: _line,  # a path as the kubernetes client takes it (relative, ~)
     LABEL_PREFIX: _word,
     NODE_NAME: _word,
     PERSISTENCED: _bool,
