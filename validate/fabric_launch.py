@@ -92,9 +92,10 @@ _ALIVE = r"""alive() {
 
 # On the peer: first stop what this run left running there (Open MPI's orted/prted whose command
 # line names one of the run's directories, $2, and their children: TERM, then KILL after $3
-# seconds); then remove every line carrying the tag $1, keeping the file's owner and mode and
-# every other line; a file without the tag is not touched. Only this user's processes are looked
-# at, and only those naming the run's directory, so nothing else on the node is signalled.
+# seconds, and wait until they are gone); then remove every line carrying the tag $1, keeping
+# the file's owner and mode and every other line; a file without the tag is not touched. Only
+# this user's processes are looked at, and only those naming the run's directory, so nothing
+# else on the node is signalled.
 PEER_REMOVE = r"""set -eu
 """ + _ALIVE + r"""if [ -n "${2:-}" ]; then
   procs=""
@@ -109,6 +110,9 @@ PEER_REMOVE = r"""set -eu
     i=0
     while [ "$i" -lt "$((${3:-10} * 2))" ] && any_alive; do sleep 0.5; i=$((i + 1)); done
     kill -KILL $procs 2>/dev/null || true
+    # A KILLed process is gone only once the kernel has run it down: wait for that too.
+    i=0
+    while [ "$i" -lt 20 ] && any_alive; do sleep 0.1; i=$((i + 1)); done
   fi
 fi
 f="$HOME/.ssh/authorized_keys"
