@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from validate import desired
 from validate.fabric_launch import (
     CLEANUP_WAIT_S,
     KILL_AFTER_S,
@@ -85,16 +86,15 @@ CODE_UNRESOLVED = "fabric.nccl_pair.unresolved"
 CODE_INTERRUPTED = "fabric.nccl_pair.interrupted"
 CODE_PROFILE = "profile.invalid"
 
-VAR_IB_HCA = "gpuready_fabric_nccl_ib_hca"
-VAR_IB_GID_INDEX = "gpuready_fabric_nccl_ib_gid_index"
-VAR_SOCKET_IFNAME = "gpuready_fabric_nccl_socket_ifname"
-VAR_NCCL_ENV = "gpuready_fabric_nccl_env"
-VAR_MPI_MCA = "gpuready_fabric_mpi_mca"
+VAR_IB_HCA = desired.IB_HCA
+VAR_IB_GID_INDEX = desired.IB_GID_INDEX
+VAR_SOCKET_IFNAME = desired.SOCKET_IFNAME
+VAR_NCCL_ENV = desired.NCCL_ENV
+VAR_MPI_MCA = desired.MPI_MCA
 # Set by the launch itself (the run key and its SSH options); the inventory may not.
 _RESERVED_MCA = ("plm_rsh_agent", "plm_rsh_args")
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_NO_SPACE = re.compile(r"^\S+$")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 # Seconds for each short remote step (key setup, install, removal).

@@ -392,7 +392,9 @@ def cmd_gate(inventory: Path, run_dir: Path, *, limit: str | None, dry_run: bool
                                   lambda n: n.desired.gate.kubeconfig)
         config = kubeconfig or (Path(config_var).expanduser() if config_var else None)
         identities, broken = [], []
-        for node in nodes:  # one node's bad profile must not keep the others out
+        # load() has loaded every node's profile; one that broke since (the file changed) is
+        # still that node's error and does not keep the others out.
+        for node in nodes:
             try:
                 identities.append(identity_of(node))
             except ProfileError as exc:

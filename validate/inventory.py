@@ -69,8 +69,8 @@ class Node:
     """One GPU host as the validators see it.
 
     ``desired`` is what the inventory declares for it (validate.desired), read and checked once
-    by :func:`load`; checks read it, not ``vars``, which keeps the templated values as given
-    (for run.json and the cost inputs' comparison across a pool).
+    by :func:`load`; everything downstream reads it. ``vars`` holds the templated values it was
+    read from (the connection settings and the declared state's variables, as given).
     ``route`` is how Ansible's ssh would reach it (jump hosts, proxy command, every known_hosts
     file); ``address``/``port``/``user``/``key_file`` are its target hop, ``known_hosts`` the
     first of its files.
@@ -228,7 +228,7 @@ def _check_profiles(nodes: list[Node], problems: _Problems, origin: Callable[[st
     """Load each distinct (profile, overrides) once, before any connection: a profile that does
     not exist or thresholds that do not apply are the inventory's error, named with the
     variable (gpu_profile or gpu_thresholds) and where it was set."""
-    seen: dict[str, str | None] = {}
+    seen: dict[str, tuple[str, str] | None] = {}
     for node in nodes:
         key = json.dumps([node.profile, dict(node.desired.profile_overrides)], sort_keys=True,
                          default=repr)
@@ -237,13 +237,14 @@ def _check_profiles(nodes: list[Node], problems: _Problems, origin: Callable[[st
                 profile_for(node)
                 seen[key] = None
             except ProfileError as exc:
-                seen[key] = str(exc)
-        reason = seen[key]
-        if reason is None:
-            continue
-        var = (desired.THRESHOLDS if node.desired.thresholds is not None
-               and "gpu_thresholds" in reason else desired.PROFILE)
-        problems.add(origin(node.name, var), var, f"is not usable: {reason}", node.name)
+                # The source names "inventory gpu_thresholds (...)" when the overrides are at fault.
+                override = f"inventory {desired.THRESHOLDS}" in exc.source
+                var = desired.THRESHOLDS if override else desired.PROFILE
+                seen[key] = (var, str(exc))
+        found = seen[key]
+        if found is not None:
+            var, reason = found
+            problems.add(origin(node.name, var), var, f"is not usable: {reason}", node.name)
 
 
 def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:

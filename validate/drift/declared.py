@@ -22,10 +22,6 @@ from validate.inventory import Node
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 
-# Drift settings an inventory may set per pool or host.
-MARGINS_VAR = desired.DRIFT_MARGINS  # {figure: fraction}, e.g. {fio_seq_read_mibps: 0.9}
-KERNEL_VAR = desired.KERNEL_PIN  # optional kernel pin ("6.1.0-26-amd64")
-
 # The role inputs drift compares against, as the node's declared state holds them.
 _DECLARED: dict[str, Callable[[DesiredState], Any]] = {
     desired.PERSISTENCED: lambda d: d.drift.persistenced_enabled,
