@@ -1,6 +1,6 @@
 """No-op converge of the lab: the project's ansible.cfg against Ansible's defaults, side by side.
 
-    python bench/converge.py [--nodes 8] [--rounds 1] [--top 15]
+    python bench/converge.py [--nodes 8] [--rounds 1] [--top 15] [--layout-of REV]
 
 Boots an N-host lab (root; honours the GPUREADY_LAB_* variables like `python -m lab`),
 converges it once with playbooks/bootstrap.yml, then times the second, no-op converge with
@@ -17,6 +17,11 @@ When the `mitogen` package is importable (it is not a dependency: `pip install m
 third configuration runs too: the project's ansible.cfg with Mitogen's `mitogen_linear`
 strategy, the candidate issue 12 asks to decide on with data.
 
+With `--layout-of REV` (a git revision, e.g. the commit before a task-layout change), a fourth
+configuration runs the project's ansible.cfg with the roles and playbook as they were at REV
+(extracted with `git archive`): today's task layout against that one, on the same hosts. It must
+be a no-op too, which also shows the two layouts converge hosts to the same state.
+
 Output: one line per timed run, then `project <s> s, ansible defaults <s> s, ratio <x>` where
 ratio = defaults / project (median over rounds; > 1 means the project's settings are faster),
 and the same for Mitogen when it ran. Then where a no-op converge spends its time with the
@@ -29,9 +34,12 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
+import io
 import os
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -67,6 +75,22 @@ def mitogen_cfg(workdir: Path) -> Path | None:
     return path
 
 
+def layout_of(rev: str, workdir: Path) -> tuple[Path, Path]:
+    """(ansible.cfg, playbook) running the roles and playbooks as they were at git ``rev``."""
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", rev,
+                              "roles", "playbooks"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"bench: cannot read roles/ and playbooks/ at {rev!r}: "
+                         f"{archive.stderr.decode(errors='replace').strip()}")
+    tree = workdir / "layout"
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(tree, filter="data")
+    text = PROJECT_CFG.read_text().replace("roles_path = roles", f"roles_path = {tree / 'roles'}")
+    config = workdir / "ansible-layout.cfg"
+    config.write_text(text)
+    return config, tree / "playbooks" / "bootstrap.yml"
+
+
 @dataclass(frozen=True)
 class Converge:
     """One timed converge: label, wall seconds, per-host changed and failed counts, and each
@@ -84,14 +108,15 @@ class Converge:
         return not any(self.changed.values()) and not any(self.failed.values())
 
 
-def converge(label: str, config: Path, inventory: Path, workdir: Path) -> Converge:
+def converge(label: str, config: Path, inventory: Path, workdir: Path,
+             playbook: Path = BOOTSTRAP) -> Converge:
     private = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=workdir))
     env = {"ANSIBLE_CONFIG": str(config),
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     started = time.monotonic()
     # The project directory is the cwd, as for an SRE's run (the config is explicit anyway).
     runner = ansible_runner.run(private_data_dir=str(private), project_dir=str(REPO_ROOT),
-                                playbook=str(BOOTSTRAP), inventory=str(inventory),
+                                playbook=str(playbook), inventory=str(inventory),
                                 envvars=env, quiet=True)
     seconds = time.monotonic() - started
     stats = runner.stats or {}
@@ -116,18 +141,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--top", type=int, default=15, help="tasks to list by host-seconds")
+    parser.add_argument("--layout-of", metavar="REV",
+                        help="also time the roles and playbook as they were at this git revision")
     args = parser.parse_args(argv)
     paths = LabPaths.default()
     with tempfile.TemporaryDirectory(prefix="gpuready-bench-") as tmp:
         workdir = Path(tmp)
         defaults_cfg = workdir / "ansible-defaults.cfg"
         defaults_cfg.write_text(DEFAULTS_CFG)
-        configs = [("project", PROJECT_CFG), ("defaults", defaults_cfg)]
+        configs = [("project", PROJECT_CFG, BOOTSTRAP), ("defaults", defaults_cfg, BOOTSTRAP)]
         with_mitogen = mitogen_cfg(workdir)
         if with_mitogen is not None:
-            configs.append(("mitogen", with_mitogen))
+            configs.append(("mitogen", with_mitogen, BOOTSTRAP))
         else:
             print("mitogen not installed: its strategy is not compared (pip install mitogen)")
+        if args.layout_of:
+            configs.append(("layout", *layout_of(args.layout_of, workdir)))
         inventory = paths.inventory_dir
         core.down(paths)
         started = time.monotonic()
@@ -139,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             if any(first.failed.values()):
                 print(f"bench: first converge failed on {first.failed}", file=sys.stderr)
                 return 1
-            timings: dict[str, list[float]] = {label: [] for label, _ in configs}
+            timings: dict[str, list[float]] = {label: [] for label, _, _ in configs}
             profile: Converge | None = None
             for _ in range(args.rounds):
-                for label, config in configs:
-                    run = converge(label, config, inventory, workdir)
+                for label, config, playbook in configs:
+                    run = converge(label, config, inventory, workdir, playbook)
                     if label == "project":
                         profile = run
                     print(f"no-op converge, {label:8}: {run.seconds:6.1f} s")
@@ -162,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         mitogen = statistics.median(timings["mitogen"])
         print(f"no-op converge of {args.nodes} lab hosts: project {project:.1f} s, "
               f"project + mitogen_linear {mitogen:.1f} s, ratio {project / mitogen:.2f}x")
+    if timings.get("layout"):
+        layout = statistics.median(timings["layout"])
+        print(f"no-op converge of {args.nodes} lab hosts: project {project:.1f} s, "
+              f"task layout of {args.layout_of} {layout:.1f} s, ratio {layout / project:.2f}x")
     if profile is not None:
         per_host = sorted(set(profile.executions.values()))
         print(f"task executions per host (project, no-op): {per_host}")
