@@ -19,8 +19,8 @@ strategy, the candidate issue 12 asks to decide on with data.
 
 With `--layout-of REV` (a git revision, e.g. the commit before a task-layout change), a fourth
 configuration runs the project's ansible.cfg with the roles and playbook as they were at REV
-(extracted with `git archive`): today's task layout against that one, on the same hosts. It must
-be a no-op too, which also shows the two layouts converge hosts to the same state.
+(the tree at REV, extracted with `git archive`): today's task layout against that one, on the
+same hosts. It must be a no-op too, which also shows both layouts converge to the same state.
 
 Output: one line per timed run, then `project <s> s, ansible defaults <s> s, ratio <x>` where
 ratio = defaults / project (median over rounds; > 1 means the project's settings are faster),
@@ -77,10 +77,11 @@ def mitogen_cfg(workdir: Path) -> Path | None:
 
 def layout_of(rev: str, workdir: Path) -> tuple[Path, Path]:
     """(ansible.cfg, playbook) running the roles and playbooks as they were at git ``rev``."""
-    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", rev,
-                              "roles", "playbooks"], capture_output=True, check=False)
+    # The whole tree: roles read files beside them (preflight reads validate/profiles).
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", rev],
+                             capture_output=True, check=False)
     if archive.returncode != 0:
-        raise SystemExit(f"bench: cannot read roles/ and playbooks/ at {rev!r}: "
+        raise SystemExit(f"bench: cannot read the tree at {rev!r}: "
                          f"{archive.stderr.decode(errors='replace').strip()}")
     tree = workdir / "layout"
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
