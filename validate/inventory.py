@@ -122,13 +122,37 @@ def _port(host: str, value: Any) -> int:
         raise InventoryError(f"host {host}: {exc}") from None
 
 
-def _template(host: str, templar: Templar, raw: Mapping[str, Any]) -> dict[str, Any]:
+def _plain(templar: Templar, value: Any) -> bool:
+    """Whether ``value`` holds no string that could be a template (keys included): its
+    templated value then depends on no variable."""
+    if isinstance(value, str):
+        return not templar.is_possibly_template(value)
+    if isinstance(value, Mapping):
+        return all(_plain(templar, k) and _plain(templar, v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_plain(templar, v) for v in value)
+    return value is None or isinstance(value, (bool, int, float))
+
+
+def _template(host: str, templar: Templar, raw: Mapping[str, Any],
+              plain_cache: dict[tuple[str, str], Any]) -> dict[str, Any]:
+    """The variables the validators use, templated. A value with no template in it (most of
+    them, set once in group_vars for a whole pool) is templated once per distinct value, not
+    once per host: templating was half of loading a 1,000-host inventory. Hosts share the
+    cached value (nothing changes a node's variables after loading)."""
     used: dict[str, Any] = {}
     for var in _USED_VARS:
         if var not in raw:
             continue
+        value = raw[var]
+        key = (var, f"{type(value).__name__}:{value!r}")
+        if key in plain_cache:
+            used[var] = plain_cache[key]
+            continue
         try:
-            used[var] = templar.template(raw[var])
+            used[var] = templar.template(value)
+            if _plain(templar, value):
+                plain_cache[key] = used[var]
         except Exception as exc:  # Ansible raises several types; each names only the template
             reason = " ".join(str(exc).split())[:300]
             raise InventoryError(
@@ -274,10 +298,11 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
 
     problems = _Problems(source)
     nodes: list[Node] = []
+    plain_cache: dict[tuple[str, str], Any] = {}
     for host in hosts.values():
         raw = variables.get_vars(host=host, include_hostvars=False)
         templar = Templar(loader=loader, variables=raw)
-        used = _template(host.name, templar, raw)
+        used = _template(host.name, templar, raw, plain_cache)
         host_pools = sorted(pools & {g.name for g in host.get_groups()})
         if len(host_pools) != 1:
             raise InventoryError(

@@ -245,3 +245,25 @@ def test_a_profile_that_cannot_be_used_fails_the_inventory(tmp_path: Path, pool_
         load(bad)
     # The pool that is fine is not the problem: limited to it, the inventory loads.
     assert [n.name for n in load(bad, limit="pool_l40s_pcie")] == ["l1"]
+
+
+def test_a_shared_template_is_templated_for_each_host(tmp_path: Path) -> None:
+    """Values without a template are templated once and shared; one with a template is
+    templated per host, with that host's variables (the same text, different answers)."""
+    hosts = "\n".join(
+        f"            n{i}: {{ansible_host: 127.0.1.{i}, port_base: {2200 + i}, "
+        f"driver_branch: '{530 + i}'}}" for i in range(1, 4))
+    root = _write(tmp_path / "inv", {
+        "hosts.yml": ("all:\n  children:\n    gpu_nodes:\n      children:\n"
+                      f"        pool_h100_sxm:\n          hosts:\n{hosts}\n"),
+        "group_vars/pool_h100_sxm.yml": (
+            "ansible_port: \"{{ port_base }}\"\n"
+            "nvidia_driver_version: \"{{ driver_branch }}.161.08\"\n"
+            "gpu_profile: h100-sxm5-80gb-8x\n"
+            "gpu_pool: {accelerator: h100-80gb, topology: 8gpu-sxm-nvlink, fabric: infiniband,"
+            " workload: distributed-training, sharing: full-gpu}\n"),
+    })
+    nodes = {n.name: n for n in load(root)}
+    assert {n: (node.port, node.vars["nvidia_driver_version"]) for n, node in nodes.items()} == {
+        "n1": (2201, "531.161.08"), "n2": (2202, "532.161.08"), "n3": (2203, "533.161.08")}
+    assert {node.gpu_pool["accelerator"] for node in nodes.values()} == {"h100-80gb"}
