@@ -434,3 +434,40 @@ def test_a_journal_ending_in_an_xid_after_the_exit_status_is_never_lost(
     # Xid 63 (row remapping recorded) is a warning in the catalog: 12 warnings out of 12
     assert set(rows["code"]) == {"gpu.xid.63"} and set(rows["status"]) == {"warn"}
     assert code == ExitCode.OK
+
+
+# ---------------------------------------------------------------- the kernel log beside nvidia-smi
+
+
+def test_the_kernel_log_is_read_while_nvidia_smi_runs(tmp_path: Path, fixtures_dir: Path) -> None:
+    """gpu.xid's journalctl starts with the node, on a channel of its own, while the gpu.*
+    checks wait for nvidia-smi: a node whose tools all hang costs one timeout, not two. Here
+    the node's nvidia-smi answers only once journalctl has run; read one after the other,
+    nvidia-smi would wait out its whole timeout and every gpu.* row would be tool.timeout."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "journal-was-read"
+    xml = fixtures_dir / "nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml"
+    journal = fixtures_dir / "dmesg-xid/xid63-row-remapper-new-row-marked.txt"
+    (bin_dir / "nvidia-smi").write_text(
+        f"#!/bin/sh\nwhile [ ! -e {marker} ]; do sleep 0.05; done\ncat {xml}\n")
+    (bin_dir / "journalctl").write_text(f"#!/bin/sh\ntouch {marker}\ncat {journal}\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    specs = [{"name": "n1", "behaviour": "ok", "run_commands": True,
+              "path_prepend": str(bin_dir)}]
+    with hostile_fleet(tmp_path, fixtures_dir, specs) as fleet:
+        code, _, err = _run_cli("run", "-i", str(fleet.inventory), "--checks",
+                                "gpu.count,gpu.xid", "--timeout", "30", "--out",
+                                str(tmp_path / "reports"), "--run-id", "both")
+        assert len(fleet.events("n1", "connect")) == 1
+    rows = pd.read_parquet(tmp_path / "reports" / "both" / "results.parquet")
+    by_check = {c: g for c, g in rows.groupby("check")}
+    assert set(by_check) == {"gpu.count", "gpu.xid"}, err
+    # the real capture (it lists one GPU), judged against the 8-GPU profile: read, not timed out
+    count = by_check["gpu.count"].iloc[0]
+    assert (count["value"], count["status"], count["code"]) == (1.0, "fail", "gpu.count.missing")
+    xid_row = by_check["gpu.xid"].iloc[0]
+    assert (xid_row["metric"], xid_row["code"]) == ("xid_63", "gpu.xid.63")
+    assert "tool.timeout" not in set(rows["code"])
+    assert code == ExitCode.CHECK_FAILED

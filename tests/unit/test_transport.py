@@ -22,6 +22,7 @@ from validate.model import CODE_DEADLINE
 from validate.transport import (
     Aborted,
     AuthFailed,
+    CommandResult,
     HostKeyRejected,
     TransportError,
     Unreachable,
@@ -216,6 +217,61 @@ def test_ssh_runs_commands_on_one_reused_connection(hostile: HostileSSHServer,
     sent = hostile.events("ok", "exec")[-1]["command"]
     assert sent.startswith("exec env LC_ALL=C sh -c ") and sent.endswith(" gpuready 10 sh -c "
                                                                         "'echo err >&2; exit 4'")
+
+
+def test_ssh_runs_two_commands_at_once_on_one_connection(
+    hostile: HostileSSHServer, connect: object, tmp_path: Path
+) -> None:
+    """Each run has a channel of its own: the first command ends only when the second one has
+    run (one command at a time, the first would wait out its timeout)."""
+    t = connect("ok")  # type: ignore[operator]
+    before = len(hostile.events("ok", "connect"))
+    flag = tmp_path / "flag"
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(t.run(
+        ["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; echo seen"], timeout=10)))
+    waiter.start()
+    try:
+        assert hostile.wait_for(lambda events: any(
+            e["event"] == "exec" and str(flag) in e["command"] for e in events))
+        touched = t.run(["touch", str(flag)], timeout=10)
+    finally:
+        waiter.join(15)
+    assert touched.ok
+    (first,) = got
+    assert isinstance(first, CommandResult)
+    assert (first.stdout, first.timed_out, first.rc) == ("seen\n", False, 0)
+    assert first.duration_s < 10
+    assert len(hostile.events("ok", "connect")) - before == 1
+
+
+def test_runs_waiting_on_a_failed_connection_attempt_do_not_make_another(
+    hostile: HostileSSHServer, connect: object
+) -> None:
+    """Three runs at once on a host that never sends its banner: one connection attempt,
+    and all three get its error (a host that is down costs one timeout, not one per run)."""
+    t = connect("silent")  # type: ignore[operator]
+    before = len(hostile.events("silent", "connect"))
+    errors: list[TransportError] = []
+
+    def run() -> None:
+        try:
+            t.run(["true"], timeout=10)
+        except TransportError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(20)
+    assert len(errors) == 3
+    assert len({(type(e), str(e)) for e in errors}) == 1, errors
+    assert len(hostile.events("silent", "connect")) - before == 1
+    # A later run (nobody waiting) tries again, as before.
+    with pytest.raises(TransportError):
+        t.run(["true"], timeout=10)
+    assert len(hostile.events("silent", "connect")) - before == 2
 
 
 def test_known_hosts_with_markers_hashes_and_junk_still_verifies(

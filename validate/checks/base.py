@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar, cast
 
@@ -111,7 +113,12 @@ class NodeContext:
 
     A tool that timed out once on this node is not started again there: a hung ``nvidia-smi``
     hangs for ``-q -x``, ``topo -m`` and ``nvlink -s`` alike, and each would cost a full
-    timeout. Later commands of that tool raise a ``tool.timeout`` ToolFailure saying so."""
+    timeout. Later commands of that tool raise a ``tool.timeout`` ToolFailure saying so.
+
+    :meth:`prefetch` starts a command a later check will run beside the checks that run now,
+    when the transport can run two at once: a node whose tools all hang then costs one timeout,
+    not one per tool, and a healthy node one round trip less. :meth:`settle` waits for what
+    was started (the runner calls it before the node's connection is closed)."""
 
     run_id: str
     node: Node
@@ -121,6 +128,38 @@ class NodeContext:
     _cache: dict[tuple[str, ...], CommandResult | TransportError] = field(default_factory=dict)
     _timed_out: dict[str, str] = field(default_factory=dict)
     _parsed: dict[tuple[object, tuple[str, ...]], object] = field(default_factory=dict)
+    _started: dict[tuple[str, ...], Future[CommandResult]] = field(default_factory=dict)
+
+    def prefetch(self, argv: Sequence[str], *, tool: str | None = None,
+                 root: bool = False) -> None:
+        """Start ``argv`` (with the default timeout, cached) in a thread of its own now, when
+        the transport says it can run two commands at once (``concurrent_runs``); otherwise do
+        nothing and the command runs when its check asks for it. The check's own
+        :meth:`run` or :meth:`output` of the same argv then waits for this one and gets its
+        result, or its error, exactly as if it had run it itself."""
+        if not getattr(self.transport, "concurrent_runs", False):
+            return
+        plain = tuple(argv)
+        key = self.as_root(plain) if root else plain
+        if key in self._cache or key in self._started:
+            return
+        started: Future[CommandResult] = Future()
+        self._started[key] = started
+
+        def work() -> None:
+            try:
+                started.set_result(self._run(plain, key, tool, None, cached=True))
+            except BaseException as exc:  # handed to the check that asks for it
+                started.set_exception(exc)
+
+        threading.Thread(target=work, name=f"validate-{self.node.name}-{plain[0]}",
+                         daemon=True).start()
+
+    def settle(self) -> None:
+        """Wait for every prefetched command (each is bounded by its timeout, and an abort of
+        the transport ends it at once); their errors were, or are no longer, anyone's."""
+        for started in self._started.values():
+            started.exception()
 
     def run(
         self,
@@ -137,6 +176,12 @@ class NodeContext:
         ``root``: the command needs root; with ansible_become it runs through ``sudo -n``."""
         plain = tuple(argv)
         key = self.as_root(plain) if root else plain
+        if cached and key in self._started:
+            return self._started[key].result()  # its error is raised here
+        return self._run(plain, key, tool, timeout, cached=cached)
+
+    def _run(self, plain: tuple[str, ...], key: tuple[str, ...], tool: str | None,
+             timeout: float | None, *, cached: bool) -> CommandResult:
         tool = tool or (plain[0] if plain else None)
         if cached and key in self._cache:
             hit = self._cache[key]
@@ -264,6 +309,12 @@ class Check(ABC):
 
     def skip_reason(self, ctx: NodeContext) -> str | None:
         """Why this check does not apply to this node's profile (None: it applies)."""
+        return None
+
+    def prefetch(self, ctx: NodeContext) -> None:
+        """Start, with :meth:`NodeContext.prefetch`, a command this check will run, when it
+        can run beside the checks before it (called when the node starts, for checks that
+        apply). Most checks have nothing to start."""
         return None
 
     @abstractmethod

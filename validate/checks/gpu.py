@@ -510,19 +510,24 @@ class GpuXid(Check):
     title = "Xid events in the kernel log"
     order = 30
 
-    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+    @staticmethod
+    def _window(ctx: NodeContext) -> str:
         window = ctx.profile.value("xid.window", str)
-        if ctx.node.desired.xid_window is not None:
-            window = ctx.node.desired.xid_window
-        argv = (
-            "journalctl",
-            "--no-pager",
-            "-o",
-            "short-iso",
-            "SYSLOG_IDENTIFIER=kernel",
-            "--since",
-            window,
-        )
+        return ctx.node.desired.xid_window if ctx.node.desired.xid_window is not None else window
+
+    @staticmethod
+    def _argv(window: str) -> tuple[str, ...]:
+        return ("journalctl", "--no-pager", "-o", "short-iso", "SYSLOG_IDENTIFIER=kernel",
+                "--since", window)
+
+    def prefetch(self, ctx: NodeContext) -> None:
+        # The kernel log does not wait for nvidia-smi: on a node whose nvidia-smi hangs it is
+        # read in the same timeout, and it is what says why (Xid 79, 119, ...).
+        ctx.prefetch(self._argv(self._window(ctx)), root=True)
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        window = self._window(ctx)
+        argv = self._argv(window)
         # The system journal (kernel messages included) is readable by root and a few groups
         # only: a login user without them would read an empty log and pass.
         events = parsed(xid.parse, ctx.output(argv, root=True).stdout, "journalctl (kernel log)")

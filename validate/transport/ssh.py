@@ -249,18 +249,27 @@ class _Step:
 class SSHTransport:
     """One paramiko connection to one host, opened on first use and reused for every command.
 
-    ``run`` is for one worker at a time; ``abort`` and ``close`` may come from any thread."""
+    ``run`` may be called from several threads at once: each command has its own channel of
+    the one connection (OpenSSH allows 10 sessions per connection), and a connection attempt
+    serves every run waiting for it (one that failed is not made again by a run that waited
+    for it). ``abort`` and ``close`` may come from any thread."""
+
+    # Two commands of one node may run at once (validate.checks.NodeContext.prefetch).
+    concurrent_runs = True
 
     def __init__(self, config: SSHConfig) -> None:
         self.config = config
-        self._lock = threading.Lock()  # one command at a time
+        self._connecting = threading.Lock()  # one connection attempt at a time
         self._state = threading.Lock()  # guards the fields below (never held while blocking)
         self._client: paramiko.SSHClient | None = None
         # The first hop's socket (or the proxy command); jump clients in front of the node.
         self._sock: socket.socket | paramiko.ProxyCommand | None = None
         self._jumps: list[paramiko.SSHClient] = []
         self._connection_done: threading.Event | None = None  # stops that connection's keepalive
-        self._step: _Step | None = None
+        self._steps: dict[int, _Step] = {}  # the step each thread is in, by thread id
+        self._attempts = 0  # connection attempts made
+        self._attempting = False  # one is under way
+        self._attempt_failed: TransportError | None = None  # why the latest attempt failed
         self._keepalive_since: float | None = None
         self._failure: TransportError | None = None  # why the watchdog dropped the connection
         self._aborted: Aborted | None = None
@@ -308,7 +317,7 @@ class SSHTransport:
         with self._state:
             if self._failure is None:
                 self._failure = error
-            self._step = None
+            self._steps.clear()
         LOG.warning("%s: %s; dropping the connection", self.host, error.reason)
         self._drop()
 
@@ -338,8 +347,9 @@ class SSHTransport:
         while not self._closed.wait(_TICK_S):
             now = time.monotonic()
             with self._state:
-                step, since = self._step, self._keepalive_since
-            if step is not None and now >= step.deadline:
+                late = [s for s in self._steps.values() if now >= s.deadline]
+                step, since = (late[0] if late else None), self._keepalive_since
+            if step is not None:
                 self._fail(step.error(self.host, f"no answer to the {step.what} "
                                                  f"within {step.budget_s:g} s"))
             elif since is not None and now - since >= ka:
@@ -354,13 +364,14 @@ class SSHTransport:
         error: Callable[[str, str], TransportError] = Unresponsive,
     ) -> Iterator[None]:
         self._ensure_watchdog()
+        me = threading.get_ident()
         with self._state:
-            self._step = _Step(what, budget_s, time.monotonic() + budget_s, error)
+            self._steps[me] = _Step(what, budget_s, time.monotonic() + budget_s, error)
         try:
             yield
         finally:
             with self._state:
-                self._step = None
+                self._steps.pop(me, None)
 
     def _keepalive(self, transport: paramiko.Transport, done: threading.Event) -> None:
         """Probe the peer every ``keepalive_s``; the watchdog judges unanswered probes."""
@@ -564,13 +575,33 @@ class SSHTransport:
         return client
 
     def _client_for_run(self) -> paramiko.SSHClient:
+        """The live connection, made now when there is none. A run that waited while another
+        thread's attempt failed raises that failure instead of trying again (a host that is
+        down costs one connect timeout, not one per waiting run)."""
         with self._state:
-            client = self._client
-        transport = client.get_transport() if client else None
-        if client is None or transport is None or not transport.is_active():
+            # An attempt under way when this run arrived is one it waits for.
+            seen = self._attempts - (1 if self._attempting else 0)
+        with self._connecting:
+            with self._state:
+                client, failed = self._client, self._attempt_failed
+                if self._attempts != seen and failed is not None:
+                    raise failed
+            transport = client.get_transport() if client else None
+            if client is not None and transport is not None and transport.is_active():
+                return client
             self._drop()
-            client = self._connect()
-        return client
+            with self._state:
+                self._attempts += 1
+                self._attempting, self._attempt_failed = True, None
+            try:
+                return self._connect()
+            except TransportError as exc:
+                with self._state:
+                    self._attempt_failed = exc
+                raise
+            finally:
+                with self._state:
+                    self._attempting = False
 
     # ------------------------------------------------------------------ commands
 
@@ -580,26 +611,25 @@ class SSHTransport:
         args = tuple(argv)
         remote = remote_command(args, timeout)
         cfg = self.config
-        with self._lock:
-            with self._state:
-                if self._aborted is not None:
-                    raise self._aborted
-            client = self._client_for_run()
-            start = time.monotonic()
-            transport = client.get_transport()
-            tool = args[0] if args else "?"
-            try:
-                if transport is None:
-                    raise EOFError("connection lost")
-                with self._stepping("channel open request", cfg.channel_timeout_s):
-                    chan = transport.open_session(timeout=cfg.channel_timeout_s)
-                with self._stepping("exec request", cfg.channel_timeout_s):
-                    chan.exec_command(remote)
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                self._drop()
-                reason = str(exc) or type(exc).__name__
-                raise self._why(Unresponsive(self.host, f"cannot start {tool}: {reason}")) from exc
-            return self._collect(chan, transport, args, timeout, start)
+        with self._state:
+            if self._aborted is not None:
+                raise self._aborted
+        client = self._client_for_run()
+        start = time.monotonic()
+        transport = client.get_transport()
+        tool = args[0] if args else "?"
+        try:
+            if transport is None:
+                raise EOFError("connection lost")
+            with self._stepping("channel open request", cfg.channel_timeout_s):
+                chan = transport.open_session(timeout=cfg.channel_timeout_s)
+            with self._stepping("exec request", cfg.channel_timeout_s):
+                chan.exec_command(remote)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self._drop()
+            reason = str(exc) or type(exc).__name__
+            raise self._why(Unresponsive(self.host, f"cannot start {tool}: {reason}")) from exc
+        return self._collect(chan, transport, args, timeout, start)
 
     def _collect(
         self,
