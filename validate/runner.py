@@ -198,26 +198,21 @@ def run_node(
 def _run_checks(ctx: NodeContext, checks: Sequence[Check], run_id: str, node: Node,
                 profile: Profile) -> list[CheckResult]:
     rows: list[CheckResult] = []
-    for i, check in enumerate(checks):
+    for check in checks:
         start = time.monotonic()
         try:
             reason = check.skip_reason(ctx)
+            gone = ctx.gone_error
+            if reason and gone is not None:
+                raise gone
             verdicts = [Verdict("", Status.SKIP, "ok", reason)] if reason else check.evaluate(ctx)
         except TransportError as exc:
             # The node is gone: every check not yet run gets the same row, so the node stays
-            # visible in the report with one row per selected check.
-            for rest in checks[i:]:
-                rows.append(
-                    _row(
-                        run_id,
-                        node,
-                        profile.name,
-                        rest.id,
-                        Verdict("", Status.ERROR, exc.code, exc.reason),
-                        time.monotonic() - start,
-                    )
-                )
-            break
+            # visible in the report with one row per selected check. The later checks still
+            # run, but every command they ask for raises this error at once (NodeContext.gone),
+            # except one prefetched beside the failed command: its answer is its own.
+            ctx.gone(exc)
+            verdicts = [Verdict("", Status.ERROR, exc.code, exc.reason)]
         except ToolFailure as exc:
             verdicts = [Verdict("", exc.status, exc.code, exc.detail)]
         except Exception as exc:  # a bug in a check must not hide the other checks

@@ -22,7 +22,7 @@ from validate.checks.base import Check, NodeContext, Verdict
 from validate.inventory import Node
 from validate.model import ExitCode, Status, exit_code_for
 from validate.parsers import nvidia_smi_xml
-from validate.transport import CommandResult, Unreachable
+from validate.transport import CommandResult, Unreachable, Unresponsive
 from validate.transport.local import LocalTransport
 
 Answer = Callable[[tuple[str, ...]], CommandResult]
@@ -204,6 +204,37 @@ def test_check_bug_and_unreachable_host_keep_every_row() -> None:
     assert [r.check for r in gone] == [c.id for c in checks]
     assert {(r.status, r.code) for r in gone} == {(Status.ERROR, "host.unreachable")}
     assert exit_code_for([r.status for r in gone], [r.code for r in gone]) is (ExitCode.UNREACHABLE)
+
+
+class _Concurrent(ScriptedTransport):
+    """Says it may run two commands at once (as SSHTransport does), so gpu.xid's journalctl
+    starts with the node; systemctl finds the connection gone."""
+
+    concurrent_runs = True
+
+    def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
+        if argv[0] == "systemctl":
+            self.calls.append(tuple(argv))
+            raise Unresponsive(self.host, "cannot start systemctl: [Errno 32] Broken pipe")
+        return super().run(argv, timeout)
+
+
+def test_a_prefetched_answer_outlives_the_connection(fixtures_dir: Path) -> None:
+    """The node goes away at its first check. The checks after it get that check's row without
+    asking the node again, except gpu.xid, whose journalctl ran beside it: its own answer
+    (here a real Xid 63 line) is reported, not the connection's end."""
+    journal = (fixtures_dir / "dmesg-xid/xid63-row-remapper-new-row-marked.txt").read_text()
+    t = _Concurrent("n1", {("journalctl",): _out(journal)})
+    rows = runner.run_node(_node(), select("node.services,gpu.count,gpu.xid"), "r1", t)
+    by_check = {r.check: r for r in rows}
+    assert [r.check for r in rows] == ["node.services", "gpu.count", "gpu.xid"]
+    for check in ("node.services", "gpu.count"):
+        assert (by_check[check].status, by_check[check].code) == (Status.ERROR,
+                                                                  "host.unresponsive")
+        assert "Broken pipe" in by_check[check].detail
+    assert (by_check["gpu.xid"].metric, by_check["gpu.xid"].code) == ("xid_63", "gpu.xid.63")
+    # nvidia-smi was never started after the connection went
+    assert sorted(c[0] for c in t.calls) == ["journalctl", "systemctl"]
 
 
 def test_profile_error_is_a_row_not_a_crash() -> None:

@@ -129,6 +129,18 @@ class NodeContext:
     _timed_out: dict[str, str] = field(default_factory=dict)
     _parsed: dict[tuple[object, tuple[str, ...]], object] = field(default_factory=dict)
     _started: dict[tuple[str, ...], Future[CommandResult]] = field(default_factory=dict)
+    _gone: TransportError | None = None
+
+    def gone(self, error: TransportError) -> None:
+        """The node cannot be asked any more: every later command raises ``error`` without
+        touching the transport, except one that was prefetched, whose own answer (it ran
+        beside the command that failed, and may have ended first) is kept."""
+        if self._gone is None:
+            self._gone = error
+
+    @property
+    def gone_error(self) -> TransportError | None:
+        return self._gone
 
     def prefetch(self, argv: Sequence[str], *, tool: str | None = None,
                  root: bool = False) -> None:
@@ -178,6 +190,8 @@ class NodeContext:
         key = self.as_root(plain) if root else plain
         if cached and key in self._started:
             return self._started[key].result()  # its error is raised here
+        if self._gone is not None:
+            raise self._gone
         return self._run(plain, key, tool, timeout, cached=cached)
 
     def _run(self, plain: tuple[str, ...], key: tuple[str, ...], tool: str | None,
