@@ -373,9 +373,11 @@ class _Supervisor:
 @contextlib.contextmanager
 def _fewer_collections() -> Iterator[None]:
     """Raise the collector's first threshold to :data:`_GC_THRESHOLD0` for the fan-out, and
-    put back what was there after it (an embedding program keeps its own settings)."""
+    put back what was there after it (an embedding program keeps its own settings). A first
+    threshold of 0 means automatic collection is off, and stays off."""
     before = gc.get_threshold()
-    gc.set_threshold(max(before[0], _GC_THRESHOLD0), *before[1:])
+    if before[0]:
+        gc.set_threshold(max(before[0], _GC_THRESHOLD0), *before[1:])
     try:
         yield
     finally:

@@ -7,6 +7,7 @@ local transport); only the transport is scripted, never the checks' verdicts.
 
 from __future__ import annotations
 
+import gc
 import os
 import stat
 import threading
@@ -406,3 +407,27 @@ def test_checkpoint_for_real_and_refusals(scratch: Path, tmp_path: Path) -> None
     )
     assert (full[0].status, full[0].code) == (Status.FAIL, "storage.no_space")
     assert _tree(scratch) == before
+
+
+@pytest.mark.parametrize("before", [(700, 10, 10), (0, 10, 10)], ids=["default", "off"])
+def test_the_fan_out_collects_less_and_puts_the_threshold_back(before: tuple[int, int, int]
+                                                               ) -> None:
+    """During the fan-out the collector's first threshold is raised (it ran ~14 times per node
+    on nvidia-smi's XML); after it, the caller's setting is back. 0 (collection off) stays 0."""
+    seen: list[tuple[int, int, int]] = []
+
+    class Recording(ScriptedTransport):
+        def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
+            seen.append(gc.get_threshold())
+            return super().run(argv, timeout)
+
+    saved = gc.get_threshold()
+    gc.set_threshold(*before)
+    try:
+        runner.run([_node()], select("node.services"), run_id="r1",
+                   transport_for=lambda n: Recording(n.name, {("systemctl",): _out("active\n")}))
+        after = gc.get_threshold()
+    finally:
+        gc.set_threshold(*saved)
+    assert seen and seen[0] == ((20_000, 10, 10) if before[0] else before)
+    assert after == before
