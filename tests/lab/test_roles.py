@@ -46,6 +46,11 @@ SYSCTL = "/etc/sysctl.d/90-gpuready.conf"
 DROPIN_TASK = "Register the NVIDIA runtime with containerd (drop-in)"
 SYSCTL_TASK = "Configure kernel parameters"
 RESCUE_TASK = "Fail with the reason the NVIDIA driver did not install"
+# vendor_apt_repo: the one read per repository, and the first task of the chain it can spare.
+PROBE_TASK = "Read the staged key, the keyring and the source as apt would use them"
+KEY_TASK = "Download the repository key for verification"
+PREF = "/etc/apt/preferences.d/gpuready-kubernetes.pref"
+PREF_TASK = "Pin the package versions (apt preferences)"
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,12 @@ def test_second_converge_changes_nothing(second_converge: PlaybookRun) -> None:
         assert second_converge.failures(host) == [], host
         assert second_converge.count("changed", host) == 0, (
             host, sorted(second_converge.changed_tasks(host)))
+    # A converged host's repositories are each read once (vendor_apt_repo's probe), and the
+    # key chain is not run again: that read is what makes a no-op converge cheap.
+    for host in HEALTHY:
+        ran = [e["event_data"]["task"] for e in second_converge.host_events(host, "runner_on_ok")]
+        assert ran.count(PROBE_TASK) >= 4, (host, ran.count(PROBE_TASK))
+        assert KEY_TASK not in ran, host
 
 
 def test_failed_host_is_repaired_by_the_next_converge(second_converge: PlaybookRun) -> None:
@@ -258,25 +269,28 @@ def test_hand_edited_files_are_reported_and_put_back(
     host = "node1"
     dropin_before = lab.read(host, DROPIN)
     assert "nvidia-container-runtime" in dropin_before
-    # Someone "fixes" the node by hand: drops the nvidia runtime and loosens a file's mode.
-    proc = ssh(lab.address(host), f"echo 'version = 2' > {DROPIN} && chmod 0600 {SYSCTL}")
+    # Someone "fixes" the node by hand: drops the nvidia runtime and loosens files' modes (one
+    # of them an apt pins file, which vendor_apt_repo's probe must see).
+    proc = ssh(lab.address(host),
+               f"echo 'version = 2' > {DROPIN} && chmod 0600 {SYSCTL} && chmod 0664 {PREF}")
     assert proc.returncode == 0, proc.stderr
+    edited = {DROPIN_TASK, SYSCTL_TASK, PREF_TASK}
 
     check = lab.playbook(limit=host, cmdline="--check --diff", label="check after hand edit")
     assert check.failures(host) == []
-    assert {DROPIN_TASK, SYSCTL_TASK} <= check.changed_tasks(host)
+    assert edited <= check.changed_tasks(host)
     # Check mode changed nothing on the host.
     assert lab.read(host, DROPIN) == "version = 2\n"
 
     converge = lab.playbook(limit=host, label="converge after hand edit")
     assert converge.failures(host) == []
     changed = converge.changed_tasks(host)
-    assert {DROPIN_TASK, SYSCTL_TASK} <= changed
+    assert edited <= changed
     # Only those files (and the restart they notify) changed.
-    assert changed - {DROPIN_TASK, SYSCTL_TASK} <= {"Restart containerd for the NVIDIA runtime"}
+    assert changed - edited <= {"Restart containerd for the NVIDIA runtime"}
     assert lab.read(host, DROPIN) == dropin_before
-    mode = ssh(lab.address(host), f"stat -c %a {SYSCTL}")
-    assert mode.stdout.strip() == "644"
+    mode = ssh(lab.address(host), f"stat -c %a {SYSCTL} {PREF}")
+    assert mode.stdout.split() == ["644", "644"]
 
 
 def _bad_input_inventory(lab: Lab, target: Path) -> Path:
