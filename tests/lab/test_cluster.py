@@ -24,6 +24,7 @@ import base64
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -230,9 +231,13 @@ def test_site_admits_the_healthy_node_and_keeps_the_faulty_one_out(
         "gate.gfd_mismatch,gpu.ecc.uncorrectable")
     # The gate said what it did, and wrote it into the run directory.
     shown = first_site.debug_lines("Show what the gate did")
-    assert "node1: passed; patched in 1 attempt(s)" in shown
-    assert "node2: failed (gate.gfd_mismatch, gpu.ecc.uncorrectable); patched in 1 attempt(s)" \
-        in shown
+    # A kubelet status update between the gate's read and its patch is a conflict the gate
+    # answers by reading the Node again (seen in CI: node2 in 2 attempts); any count up to the
+    # gate's limit is right, a missing "patched" is not.
+    patched = r"; patched in [1-5] attempt\(s\)"
+    assert any(re.fullmatch(r"node1: passed" + patched, line) for line in shown), shown
+    assert any(re.fullmatch(r"node2: failed \(gate\.gfd_mismatch, gpu\.ecc\.uncorrectable\)"
+                            + patched, line) for line in shown), shown
     record = json.loads((REPO_ROOT / "reports" / "latest" / "gate.json").read_text())
     assert {n["node"]: n["verdict"] for n in record["nodes"]} == {"node1": "passed",
                                                                    "node2": "failed"}
