@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shlex
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -407,6 +409,45 @@ def test_flood_is_cut_at_the_cap(hostile: HostileSSHServer, connect: object) -> 
                                            "flood_bytes" for e in ev), timeout=10)
     sent = hostile.events("flood", "flood_bytes")[-1]["sent"]
     assert 2 << 20 <= sent < 16 << 20
+
+
+def _cut_proxy(hostile: HostileSSHServer, name: str, cut_after: int, marker: Path) -> str:
+    """A ProxyCommand (tests/cut_proxy.py) to endpoint ``name`` that closes the client's side
+    of the pipe once ``cut_after`` bytes came back: the connection keeps delivering output,
+    but every later write of the client (a window adjust, a channel close) fails."""
+    ep = hostile.endpoints[name]
+    return shlex.join([sys.executable, "-m", "tests.cut_proxy", ep.address, str(ep.port),
+                       str(cut_after), str(marker)])
+
+
+def test_flood_over_the_cap_is_the_verdict_when_the_channel_close_fails(
+    hostile: HostileSSHServer, connect: object, tmp_path: Path
+) -> None:
+    # The flood passes the 128 KiB cap before paramiko owes the server a window adjust (its
+    # window is 2 MiB, adjusted every ~200 KiB read), so the client's first write after the cut
+    # is the channel close at the cap. It fails (EPIPE); the node still printed too much.
+    marker = tmp_path / "cut"
+    t = connect("flood", max_output_bytes=128 << 10,  # type: ignore[operator]
+                proxy_command=_cut_proxy(hostile, "flood", 16 << 10, marker))
+    r = t.run(["journalctl", "-k"], timeout=30)
+    assert marker.exists(), "the proxy never cut: the close was not tested"
+    assert r.truncated and not r.ok and "flood flood" in r.stdout and len(r.stdout) <= 4096
+    # The broken connection was dropped, not kept: its proxy process is gone.
+    assert _wait_dead([int(marker.read_text().split()[0])])
+
+
+def test_a_write_failing_while_output_is_read_is_a_lost_connection(
+    hostile: HostileSSHServer, connect: object, tmp_path: Path
+) -> None:
+    # Under a 4 MiB cap the client owes a window adjust after ~200 KiB: that write fails
+    # inside the read loop, before the cap. The command did not finish: the host is
+    # unresponsive, not the check broken.
+    marker = tmp_path / "cut"
+    t = connect("flood", max_output_bytes=4 << 20,  # type: ignore[operator]
+                proxy_command=_cut_proxy(hostile, "flood", 16 << 10, marker))
+    with pytest.raises(Unresponsive, match=r"connection lost .* while journalctl was running"):
+        t.run(["journalctl", "-k"], timeout=30)
+    assert marker.exists()
 
 
 def test_timeout_kills_remote_command_and_children(

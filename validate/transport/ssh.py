@@ -642,36 +642,49 @@ class SSHTransport:
         capture = Capture(self.config.max_output_bytes)
         deadline = start + timeout + self.config.backstop_s
         backstop_fired = False
-        # No shutdown_write(): the remote wrapper takes EOF on stdin to mean "session gone".
-        while True:
-            while chan.recv_ready() and not capture.over:
-                capture.out(chan.recv(65536))
-            while chan.recv_stderr_ready() and not capture.over:
-                capture.err(chan.recv_stderr(65536))
-            if capture.over:
-                break
-            drained = not chan.recv_ready() and not chan.recv_stderr_ready()
-            # Both streams at EOF (or the channel closed) and the status in: the command is
-            # over. The status alone is not the end: a server may send output after it.
-            if drained and (chan.closed or (chan.eof_received and _has_status(chan))):
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                backstop_fired = True
-                break
-            # The channel's fileno becomes readable on data, stderr data, EOF or close.
-            try:
-                select.select([chan], [], [], min(remaining, 0.2))
-            except (OSError, ValueError):
-                time.sleep(0.01)
-        duration = time.monotonic() - start
         tool = args[0] if args else "?"
+        # No shutdown_write(): the remote wrapper takes EOF on stdin to mean "session gone".
+        try:
+            while True:
+                # Reading writes too: paramiko sends the server a window adjust every ~200 KiB
+                # read, and that write fails when the way back is broken (a reset the reader
+                # thread has not seen yet, a proxy that stopped taking bytes).
+                while chan.recv_ready() and not capture.over:
+                    capture.out(chan.recv(65536))
+                while chan.recv_stderr_ready() and not capture.over:
+                    capture.err(chan.recv_stderr(65536))
+                if capture.over:
+                    break
+                drained = not chan.recv_ready() and not chan.recv_stderr_ready()
+                # Both streams at EOF (or the channel closed) and the status in: the command is
+                # over. The status alone is not the end: a server may send output after it.
+                if drained and (chan.closed or (chan.eof_received and _has_status(chan))):
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    backstop_fired = True
+                    break
+                # The channel's fileno becomes readable on data, stderr data, EOF or close.
+                try:
+                    select.select([chan], [], [], min(remaining, 0.2))
+                except (OSError, ValueError):
+                    time.sleep(0.01)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self._drop()
+            reason = str(exc) or type(exc).__name__
+            raise self._why(Unresponsive(
+                self.host, f"connection lost after {time.monotonic() - start:.1f} s while "
+                f"{tool} was running ({reason})"
+            )) from exc
+        duration = time.monotonic() - start
         if capture.over:
-            chan.close()  # the wrapper on the node kills the command when the channel goes
+            # The wrapper on the node kills the command when the channel goes. The verdict is
+            # the output cap even when the close cannot be sent: the node printed too much.
+            self._close_channel(chan)
             return CommandResult(args, -1, capture.stdout(), capture.stderr(), duration,
                                  False, True)
         if backstop_fired:
-            chan.close()
+            self._close_channel(chan)
             failed = self._broken()
             if failed is not None:
                 raise failed
@@ -694,11 +707,22 @@ class SSHTransport:
                 self.host, f"connection lost after {duration:.1f} s while {tool} was running"
             ))
         rc = chan.exit_status
-        chan.close()
+        self._close_channel(chan)  # the command is over, its status and output are in
         timed_out = rc in _TIMEOUT_RCS and duration >= timeout - 0.5
         return CommandResult(
             args, -1 if timed_out else rc, capture.stdout(), capture.stderr(), duration, timed_out
         )
+
+    def _close_channel(self, chan: paramiko.Channel) -> None:
+        """Close a command's channel. Sending the close can fail when the way back is broken
+        (the reset is in, paramiko's reader has not seen it yet): the connection is then
+        dropped, and the next command on it learns that as a transport error."""
+        try:
+            chan.close()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            LOG.warning("%s: cannot close a channel (%s); dropping the connection",
+                        self.host, str(exc) or type(exc).__name__)
+            self._drop()
 
 
 def _has_status(chan: paramiko.Channel) -> bool:
