@@ -143,6 +143,37 @@ class _FreezableSocket:
         return getattr(self._sock, name)
 
 
+class _ReplyingTransport(paramiko.Transport):
+    """A server transport that says when it has replied to a channel request.
+
+    paramiko's server sends the reply to an exec request only after
+    ``check_channel_exec_request`` returns, from the transport thread; the thread answering the
+    command could send its output, exit status and close before that reply, and the client
+    then saw the close first and reported "Channel closed." for a healthy endpoint (one run in
+    eight of the 64-host test). sshd replies first; so does this server: a channel's answer
+    waits for :meth:`replied`."""
+
+    def __init__(self, sock: Any) -> None:
+        super().__init__(sock)
+        self._replies: dict[int, threading.Event] = {}
+        self._replies_lock = threading.Lock()
+
+    def replied(self, remote_chanid: int) -> threading.Event:
+        with self._replies_lock:
+            return self._replies.setdefault(remote_chanid, threading.Event())
+
+    def forget(self, remote_chanid: int) -> None:
+        """The client may reuse a channel number once its channel is closed."""
+        with self._replies_lock:
+            self._replies.pop(remote_chanid, None)
+
+    def _send_user_message(self, data: Any) -> None:
+        super()._send_user_message(data)  # type: ignore[misc]
+        raw = data.asbytes()
+        if raw[:1] in (paramiko.common.cMSG_CHANNEL_SUCCESS, paramiko.common.cMSG_CHANNEL_FAILURE):
+            self.replied(struct.unpack(">I", raw[1:5])[0]).set()
+
+
 class _Session(paramiko.ServerInterface):
     """paramiko's server callbacks for one connection of one endpoint."""
 
@@ -321,7 +352,7 @@ class HostileSSHServer:
 
     def _serve_ssh(self, ep: Endpoint, conn: socket.socket) -> None:
         wrapped = _FreezableSocket(conn)
-        transport = paramiko.Transport(wrapped)  # type: ignore[arg-type]
+        transport = _ReplyingTransport(wrapped)
         transport.add_server_key(ep.presented_key or ep.host_key)  # type: ignore[arg-type]
         session = _Session(self, ep)
         transport.start_server(server=session)
@@ -342,11 +373,18 @@ class HostileSSHServer:
             if chan.closed or self.stopping.is_set():
                 return
         command = session.commands[chan.get_id()]
+        transport = chan.get_transport()
+        assert isinstance(transport, _ReplyingTransport)
+        replied = transport.replied(chan.remote_chanid)
+        while not replied.wait(0.2):
+            if chan.closed or self.stopping.is_set():
+                return
         try:
             self._answer(ep, chan, command, wrapped, conn)
         except (OSError, EOFError, paramiko.SSHException):
             pass
         finally:
+            transport.forget(chan.remote_chanid)
             if ep.behaviour not in ("status_no_eof", "output_stall", "freeze"):
                 with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
                     chan.close()

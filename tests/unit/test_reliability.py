@@ -233,7 +233,8 @@ def test_64_hosts_60_dead_or_stalled(tmp_path: Path, fixtures_dir: Path) -> None
     capped = flood[flood["code"] == "tool.output_too_large"]
     assert set(capped["node"]) == set(flood["node"]), flood.to_string()
     healthy = rows[rows["node"].str.startswith("ok-")]
-    assert not healthy["code"].str.startswith("host.").any()
+    assert not healthy["code"].str.startswith("host.").any(), (
+        healthy[["node", "check", "code", "detail"]].to_string())
     assert (healthy[healthy["check"] == "node.services"]["status"] == "pass").all()
 
 
