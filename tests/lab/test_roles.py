@@ -51,8 +51,9 @@ PROBE_TASK = "Read the staged key, the keyring and the source as apt would use t
 KEY_TASK = "Download the repository key for verification"
 PREF = "/etc/apt/preferences.d/gpuready-kubernetes.pref"
 PREF_TASK = "Pin the package versions (apt preferences)"
-# Tasks a converged host has nothing for, which its roles' reads (dpkg, file states) spare:
-# apt loads the whole package cache, a template or copy costs two module runs.
+# Tasks a converged host has nothing for, which its roles' reads (dpkg, file states, unit
+# states) spare: apt loads the whole package cache, a template or copy costs two module runs,
+# and a read after the changes repeats the first read where nothing changed.
 SPARED_TASKS = (
     "Install base packages",  # gpu_kernel_prereqs
     "Blacklist nouveau so the NVIDIA driver can bind the GPUs",
@@ -61,6 +62,14 @@ SPARED_TASKS = (
     "Mask swap.target so systemd activates no swap device at boot",
     "Install gpg to read repository keys",  # vendor_apt_repo
     "Install containerd",
+    "Create the containerd drop-in directory",
+    "Configure containerd (defaults, systemd cgroup driver, conf.d import)",
+    "Enable and start containerd",
+    "Read containerd's effective configuration and service state after the changes",
+    DROPIN_TASK,  # nvidia_container_toolkit
+    "Create the CDI spec directory",
+    "Generate the CDI spec for the node's GPUs",
+    "Read the drop-in, the CDI spec, containerd and nvidia-ctk again after the changes",
 )
 
 
