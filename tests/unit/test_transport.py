@@ -411,13 +411,17 @@ def test_flood_is_cut_at_the_cap(hostile: HostileSSHServer, connect: object) -> 
     assert 2 << 20 <= sent < 16 << 20
 
 
-def _cut_proxy(hostile: HostileSSHServer, name: str, cut_after: int, marker: Path) -> str:
-    """A ProxyCommand (tests/cut_proxy.py) to endpoint ``name`` that closes the client's side
-    of the pipe once ``cut_after`` bytes came back: the connection keeps delivering output,
-    but every later write of the client (a window adjust, a channel close) fails."""
-    ep = hostile.endpoints[name]
-    return shlex.join([sys.executable, "-m", "tests.cut_proxy", ep.address, str(ep.port),
-                       str(cut_after), str(marker)])
+def _flood_through_cut_proxy(hostile: HostileSSHServer, connect: object, tmp_path: Path,
+                             cap: int) -> tuple[SSHTransport, Path]:
+    """A transport to the flood endpoint with output cap ``cap``, through a ProxyCommand
+    (tests/cut_proxy.py) that closes the client's side of the pipe once 16 KiB came back: the
+    connection keeps delivering output, but every later write of the client (a window adjust,
+    a channel close) fails. Also the proxy's marker file (its pid, once it has cut)."""
+    ep = hostile.endpoints["flood"]
+    marker = tmp_path / "cut"
+    proxy = shlex.join([sys.executable, "-m", "tests.cut_proxy", ep.address, str(ep.port),
+                        str(16 << 10), str(marker)])
+    return connect("flood", max_output_bytes=cap, proxy_command=proxy), marker  # type: ignore[operator]
 
 
 def test_flood_over_the_cap_is_the_verdict_when_the_channel_close_fails(
@@ -426,9 +430,7 @@ def test_flood_over_the_cap_is_the_verdict_when_the_channel_close_fails(
     # The flood passes the 128 KiB cap before paramiko owes the server a window adjust (its
     # window is 2 MiB, adjusted every ~200 KiB read), so the client's first write after the cut
     # is the channel close at the cap. It fails (EPIPE); the node still printed too much.
-    marker = tmp_path / "cut"
-    t = connect("flood", max_output_bytes=128 << 10,  # type: ignore[operator]
-                proxy_command=_cut_proxy(hostile, "flood", 16 << 10, marker))
+    t, marker = _flood_through_cut_proxy(hostile, connect, tmp_path, 128 << 10)
     r = t.run(["journalctl", "-k"], timeout=30)
     assert marker.exists(), "the proxy never cut: the close was not tested"
     assert r.truncated and not r.ok and "flood flood" in r.stdout and len(r.stdout) <= 4096
@@ -442,9 +444,7 @@ def test_a_write_failing_while_output_is_read_is_a_lost_connection(
     # Under a 4 MiB cap the client owes a window adjust after ~200 KiB: that write fails
     # inside the read loop, before the cap. The command did not finish: the host is
     # unresponsive, not the check broken.
-    marker = tmp_path / "cut"
-    t = connect("flood", max_output_bytes=4 << 20,  # type: ignore[operator]
-                proxy_command=_cut_proxy(hostile, "flood", 16 << 10, marker))
+    t, marker = _flood_through_cut_proxy(hostile, connect, tmp_path, 4 << 20)
     with pytest.raises(Unresponsive, match=r"connection lost .* while journalctl was running"):
         t.run(["journalctl", "-k"], timeout=30)
     assert marker.exists()
