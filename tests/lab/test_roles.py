@@ -45,6 +45,8 @@ DROPIN = "/etc/containerd/conf.d/99-nvidia.toml"
 SYSCTL = "/etc/sysctl.d/90-gpuready.conf"
 DROPIN_TASK = "Register the NVIDIA runtime with containerd (drop-in)"
 SYSCTL_TASK = "Configure kernel parameters"
+PERSISTENCED_TASK = "Enable and start nvidia-persistenced"
+KUBELET_TASK = "Enable kubelet at boot"
 RESCUE_TASK = "Fail with the reason the NVIDIA driver did not install"
 # vendor_apt_repo: the one read per repository, and the first task of the chain it can spare.
 PROBE_TASK = "Read the staged key, the keyring and the source as apt would use them"
@@ -61,6 +63,7 @@ SPARED_TASKS = (
     SYSCTL_TASK,
     "Mask swap.target so systemd activates no swap device at boot",
     "Install gpg to read repository keys",  # vendor_apt_repo
+    "Create the key staging and keyring directories",
     "Install containerd",
     "Create the containerd drop-in directory",
     "Configure containerd (defaults, systemd cgroup driver, conf.d import)",
@@ -70,6 +73,15 @@ SPARED_TASKS = (
     "Create the CDI spec directory",
     "Generate the CDI spec for the node's GPUs",
     "Read the drop-in, the CDI spec, containerd and nvidia-ctk again after the changes",
+    PERSISTENCED_TASK,  # nvidia_driver
+    "Enable and start the fabric manager",
+    "Load nvidia-peermem at boot (GPUDirect RDMA fabric)",
+    "Do not load nvidia-peermem (no RDMA fabric)",
+    "Read the NVIDIA services, the peermem file, the driver and nvidia-smi again after the changes",
+    KUBELET_TASK,  # kubelet
+    "Read the kubelet binary's version and whether kubelet is enabled, after the change",
+    # gpu_validation_tools
+    "Read the validation tools' packages, fio and the tools' paths again after a change",
 )
 
 
@@ -291,12 +303,14 @@ def test_hand_edited_files_are_reported_and_put_back(
     host = "node1"
     dropin_before = lab.read(host, DROPIN)
     assert "nvidia-container-runtime" in dropin_before
-    # Someone "fixes" the node by hand: drops the nvidia runtime and loosens files' modes (one
-    # of them an apt pins file, which vendor_apt_repo's probe must see).
+    # Someone "fixes" the node by hand: drops the nvidia runtime, loosens files' modes (one of
+    # them an apt pins file, which vendor_apt_repo's probe must see), stops the persistence
+    # daemon and disables kubelet (which nvidia_driver's and kubelet's reads must see).
     proc = ssh(lab.address(host),
-               f"echo 'version = 2' > {DROPIN} && chmod 0600 {SYSCTL} && chmod 0664 {PREF}")
+               f"echo 'version = 2' > {DROPIN} && chmod 0600 {SYSCTL} && chmod 0664 {PREF}"
+               " && systemctl stop nvidia-persistenced && systemctl disable --quiet kubelet")
     assert proc.returncode == 0, proc.stderr
-    edited = {DROPIN_TASK, SYSCTL_TASK, PREF_TASK}
+    edited = {DROPIN_TASK, SYSCTL_TASK, PREF_TASK, PERSISTENCED_TASK, KUBELET_TASK}
 
     check = lab.playbook(limit=host, cmdline="--check --diff", label="check after hand edit")
     assert check.failures(host) == []
@@ -313,6 +327,9 @@ def test_hand_edited_files_are_reported_and_put_back(
     assert lab.read(host, DROPIN) == dropin_before
     mode = ssh(lab.address(host), f"stat -c %a {SYSCTL} {PREF}")
     assert mode.stdout.split() == ["644", "644"]
+    units = ssh(lab.address(host),
+                "systemctl is-active nvidia-persistenced; systemctl is-enabled kubelet")
+    assert units.stdout.split() == ["active", "enabled"], units.stdout
 
 
 def _bad_input_inventory(lab: Lab, target: Path) -> Path:
