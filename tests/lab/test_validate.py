@@ -17,7 +17,7 @@ import ansible_runner
 import pandas as pd
 import pytest
 
-from lab import core
+from lab import clone, core
 from lab.core import LabState
 from lab.fleet import LabHost
 from lab.paths import REPO_ROOT, LabPaths
@@ -55,7 +55,9 @@ TREE = ("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run 
 # What bootstrap leaves on a node (the packages of NVIDIA's debian12 repository), installed
 # straight from the lab repository: the roles have
 # their own converge tests (test_roles.py), and converging 16 hosts on a 2-core CI machine would
-# take most of CI's time to prove nothing new about the validators.
+# take most of CI's time to prove nothing new about the validators. Apt runs on one host per
+# hardware profile; the others of that profile get a copy of its disk (lab/clone.py, as
+# test_drift.py does), with their own identity and simulated GPUs.
 PROVISION = """
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y -qq nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \\
@@ -66,7 +68,7 @@ systemctl enable kubelet >/dev/null 2>&1
 """
 
 
-def _provision(state: LabState) -> None:
+def _provision(paths: LabPaths, state: LabState) -> None:
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
     def one(host: LabHost) -> tuple[str, int, str]:
@@ -79,9 +81,15 @@ def _provision(state: LabState) -> None:
         proc = ssh(host.address, script, timeout=600)
         return host.name, proc.returncode, proc.stderr[-2000:]
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        failed = [r for r in pool.map(one, state.hosts) if r[1] != 0]
+    by_profile: dict[str, list[LabHost]] = {}
+    for host in state.hosts:
+        by_profile.setdefault(host.hw_profile, []).append(host)
+    sources = [group[0] for group in by_profile.values()]
+    with ThreadPoolExecutor(max_workers=len(sources)) as pool:
+        failed = [r for r in pool.map(one, sources) if r[1] != 0]
     assert not failed, failed
+    for source, *targets in by_profile.values():
+        clone.clone(paths, source.name, [t.name for t in targets])
 
 
 def _ensure_fabric_manager(state: LabState) -> None:
@@ -114,7 +122,7 @@ def fleet(request: pytest.FixtureRequest) -> Iterator[LabState]:
             if host_faults:
                 core.set_faults(paths, name, [], [], clear=True)
         started = time.monotonic()
-        _provision(state)
+        _provision(paths, state)
         print(f"provisioned {len(state.hosts)} hosts in {time.monotonic() - started:.0f} s")
         for name, host_faults in faults.items():
             if host_faults:
