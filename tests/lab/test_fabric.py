@@ -19,13 +19,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from lab import core
+from lab import clone, core
 from lab import hosts as lab_hosts
 from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
@@ -38,15 +37,16 @@ POOL_TIMEOUT_S = 30  # inventory/lab/group_vars/all/validate.yml: gpu_thresholds
 HUNG_PAIR_MAX_S = POOL_TIMEOUT_S + 5 + 10
 HOSTS = [f"node{i}" for i in range(1, 7)]
 # The packages bootstrap leaves on a fabric node (NVIDIA's debian12 repository and the site's),
-# installed straight from the lab repository: the roles have their own converge tests.
+# installed straight from the lab repository: the roles have their own converge tests. Apt runs
+# on one host; the others get a copy of its disk.
 PROVISION = """
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y -qq nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \\
   nvidia-persistenced=550.90.07-1 nvidia-fabricmanager-550=550.90.07-1 nccl-tests=2.17.1-1 \\
   infiniband-diags=2410mlnx54-1.2410068 >/dev/null
 systemctl enable --now nvidia-persistenced nvidia-fabricmanager >/dev/null 2>&1
-test -x /usr/bin/mpirun && test -e /run/gpuready-lab/nv-fabricmanager.pid
 """
+READY = "test -x /usr/bin/mpirun && test -e /run/gpuready-lab/nv-fabricmanager.pid"
 # What a run may leave behind on a host: its keys, its directories, its processes.
 # (Anchored: the shell running this has the patterns in its own command line.)
 LEFTOVERS = ("ls -d /tmp/gpuready-fabric.* 2>/dev/null; "
@@ -91,15 +91,20 @@ class FabricLab:
                 pd.read_csv(run_dir / "fabric_pairs.csv"), err.getvalue())
 
 
-def _provision(state: LabState) -> None:
-    def one(name: str) -> tuple[str, int, str]:
-        script = lab_apt_sources(state.repo_port, DEBIAN12_CUDA, "extras") + PROVISION
-        proc = ssh(state.host(name).address, script, timeout=600)
-        return name, proc.returncode, proc.stderr[-2000:]
-
-    with ThreadPoolExecutor(max_workers=6) as pool:
-        failed = [r for r in pool.map(one, HOSTS) if r[1] != 0]
-    assert not failed, failed
+def _provision(paths: LabPaths, state: LabState) -> None:
+    """Apt on node1, a copy of its disk on the others (lab/clone.py, as test_drift.py does);
+    then every host must show the tools and a running fabric manager."""
+    script = lab_apt_sources(state.repo_port, DEBIAN12_CUDA, "extras") + PROVISION
+    proc = ssh(state.host(HOSTS[0]).address, script, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    clone.clone(paths, HOSTS[0], HOSTS[1:])
+    deadline = time.monotonic() + 60
+    waiting = list(HOSTS)
+    while waiting and time.monotonic() < deadline:
+        waiting = [h for h in waiting if ssh(state.host(h).address, READY).returncode != 0]
+        if waiting:
+            time.sleep(1)
+    assert not waiting, f"not ready after provisioning: {waiting}"
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +119,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
         # once the hosts are ready (as test_validate does with its faults).
         the_lab.faults("node4")
         provisioned = time.monotonic()
-        _provision(state)
+        _provision(paths, state)
         the_lab.log.append(f"boot {provisioned - started:.0f} s, provisioning "
                            f"{time.monotonic() - provisioned:.0f} s")
         the_lab.faults("node4", "ib-link-degraded")
