@@ -59,6 +59,14 @@ PR_SET_NAME = 15
 _stop = threading.Event()
 
 
+def _write_pid(path: Path, pid: int) -> None:
+    """Write a pid file whole: a reader that sees the file (the tests, the all_reduce_perf
+    simulator's fabric manager check) never reads it empty or half-written."""
+    tmp = path.with_name(f".{path.name}.{pid}")
+    tmp.write_text(f"{pid}\n")
+    os.replace(tmp, path)
+
+
 def _hw_dir() -> Path:
     return Path(os.environ.get("GPUREADY_LAB_HW", "/opt/gpuready-lab/hw"))
 
@@ -149,7 +157,7 @@ def persistenced(args: list[str]) -> int:
     run = _root("/var/run/nvidia-persistenced")
     run.mkdir(parents=True, exist_ok=True)
     pid_file = run / "nvidia-persistenced.pid"
-    pid_file.write_text(f"{pid}\n")
+    _write_pid(pid_file, pid)
     sock_path = run / "socket"
     sock_path.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -241,7 +249,7 @@ def fabricmanager(args: list[str]) -> int:
     _install_signals()
     marker = _run_dir() / "nv-fabricmanager.pid"
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(f"{os.getpid()}\n")
+    _write_pid(marker, os.getpid())
     log("INFO", "Connected to 1 node.")
     log(
         "INFO",
