@@ -21,8 +21,16 @@ class LabPaths:
 
     @property
     def cache(self) -> Path:
-        """Rootfs cache: survives `lab down`, rebuilt only when its recipe changes."""
-        return Path(os.environ.get("GPUREADY_LAB_CACHE", self.root / "cache")).resolve()
+        """Rootfs cache: survives `lab down` and the checkout, rebuilt only when its recipe changes.
+
+        Outside the checkout (``$XDG_CACHE_HOME/gpuready/lab``, else ``~/.cache/gpuready/lab``),
+        so a fresh clone on the same machine, a second ``make test`` or ``make demo``, finds
+        it; each rootfs is named by its recipe's hash. ``GPUREADY_LAB_CACHE`` overrides it.
+        """
+        if "GPUREADY_LAB_CACHE" in os.environ:
+            return Path(os.environ["GPUREADY_LAB_CACHE"]).resolve()
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return (Path(base) / "gpuready" / "lab").resolve()
 
     @property
     def run(self) -> Path:

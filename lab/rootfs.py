@@ -8,11 +8,14 @@ Only the OSes a fleet uses are built.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,15 +157,34 @@ def _run(argv: list[str], what: str) -> None:
         raise LabError(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
 
 
+# A recipe no checkout has used for this long is removed when another of its OS is built (a
+# shared cache: a checkout at an older commit may still run hosts on its recipe).
+STALE_RECIPE_S = 7 * 24 * 3600
+
+
 def ensure_rootfs(cache: Path, log: bool = True, os_key: str = DEFAULT_OS) -> Path:
-    """Return the cached rootfs of ``os_key`` for the current recipe, building it if needed."""
+    """Return the cached rootfs of ``os_key`` for the current recipe, building it if needed.
+
+    The cache may be shared by several checkouts: a build holds a lock per recipe, so a second
+    checkout waits for it and then uses it instead of building its own over it.
+    """
     suite = lab_os(os_key).suite
     target = rootfs_path(cache, os_key)
-    if (target / ".gpuready-lab-complete").exists():
-        return target
-    if shutil.which("debootstrap") is None:
-        raise LabError("debootstrap is not installed (run `make setup`)")
-    cache.mkdir(parents=True, exist_ok=True)
+    complete = target / ".gpuready-lab-complete"
+    if not complete.exists():
+        if shutil.which("debootstrap") is None:
+            raise LabError("debootstrap is not installed (run `make setup`)")
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / f".{target.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not complete.exists():
+                _build(target, suite, os_key, log)
+                _prune(cache, suite, target)
+    os.utime(complete)  # last used: what pruning goes by
+    return target
+
+
+def _build(target: Path, suite: str, os_key: str, log: bool) -> None:
     building = target.with_name(target.name + ".building")
     if building.exists():
         shutil.rmtree(building)
@@ -174,11 +196,20 @@ def ensure_rootfs(cache: Path, log: bool = True, os_key: str = DEFAULT_OS) -> Pa
     _customise(building)
     (building / ".gpuready-lab-complete").write_text(json.dumps(recipe(os_key), indent=1))
     building.rename(target)
-    # Older recipes of this OS are dead weight: remove them (only ever rebuilt from scratch).
+
+
+def _prune(cache: Path, suite: str, target: Path) -> None:
+    """Remove this OS's other recipes that no checkout has used for STALE_RECIPE_S."""
+    now = time.time()
     for old in cache.glob(f"rootfs-{suite}-*"):
-        if old != target and not old.name.endswith(".building"):
+        if old == target or old.name.endswith(".building"):
+            continue
+        try:
+            used = (old / ".gpuready-lab-complete").stat().st_mtime
+        except OSError:
+            used = 0.0  # never completed: nothing can be running on it
+        if now - used > STALE_RECIPE_S:
             shutil.rmtree(old, ignore_errors=True)
-    return target
 
 
 def _customise(root: Path) -> None:
