@@ -54,15 +54,15 @@ $(STAMP_DEBS): Makefile
 
 lint: lint-tree lint-code ## ruff, mypy --strict (validate/), yamllint --strict, ansible-lint (production), reuse lint
 
-lint-tree: $(STAMP_PY) ## the linters that walk the checkout's directories: yamllint --strict, reuse lint
+lint-tree: $(STAMP_PY) ## the linters that find their files in the checkout: yamllint --strict, reuse lint, ansible-lint
 	$(VENV)/bin/yamllint --strict .
 	@# Every file's licence and copyright, machine-readable (REUSE.toml, LICENSES/); one line per problem.
 	$(VENV)/bin/reuse lint --lines
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint -q
 
-lint-code: $(STAMP_PY) ## the linters of the project's own files: ruff, mypy --strict (validate/), ansible-lint
+lint-code: $(STAMP_PY) ## the linters of the project's Python: ruff, mypy --strict (validate/)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint -q
 
 unit: $(STAMP_PY) ## unit tests (no root, no lab; the report page test needs chromium: make setup)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
@@ -71,12 +71,13 @@ lab-test: setup ## lab tests: boot hosts, converge, validate, inject faults (roo
 	$(PY) -m pytest tests/lab -q $(PYTEST_ARGS)
 
 test: setup lint-tree ## everything CI runs: lint, unit and lab tests (lint-code and unit beside the lab tests)
-	@# The lab tests take most of the time. The rest runs beside them, not before: ruff, mypy,
-	@# ansible-lint (they read the project's files, not git-ignored paths) and the unit suite
-	@# (about 1.5 CPU-minutes; much of its time is spent waiting on misbehaving peers). yamllint
-	@# and reuse walk the checkout's directories, so they run first: a lab rootfs being built has
-	@# /proc mounted under it. The output of what ran beside is held in $(BESIDE_LOG) and shown
-	@# when the lab tests end; make test fails if either part failed.
+	@# The lab tests take most of the time. ruff, mypy (they read the project's Python only) and
+	@# the unit suite (about 1.5 CPU-minutes; much of its time is spent waiting on misbehaving
+	@# peers) run beside them, not before. yamllint, reuse and ansible-lint find their files by
+	@# walking the checkout, where the lab writes while it runs (a rootfs being built has /proc
+	@# mounted under it; the lab inventory comes and goes), so they run first. The output of what
+	@# ran beside is held in $(BESIDE_LOG) and shown when the lab tests end; make test fails if
+	@# either part failed.
 	@mkdir -p .lab; \
 	( $(MAKE) --no-print-directory lint-code && $(PY) -m pytest tests/unit -q $(PYTEST_ARGS) ) \
 	  > $(BESIDE_LOG) 2>&1 & beside=$$!; \
