@@ -99,12 +99,26 @@ def _load_json(path: Path, default: Any) -> Any:
         return default
 
 
+def _in_my_pid_namespace(proc: Path) -> bool:
+    """Whether the process shares this one's PID namespace, as a daemon of the same host does.
+
+    A machine that runs lab hosts sees their daemons in its /proc, each in its host's own
+    namespace: those are other hosts' daemons. Where the kernel will not say (another user's
+    process, read without privilege) the process is taken as this host's.
+    """
+    try:
+        return os.readlink(proc / "ns" / "pid") == os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return True
+
+
 def _persistenced_running() -> bool:
     # The kernel truncates comm to 15 bytes: "nvidia-persistenced" shows as "nvidia-persiste".
     wanted = "nvidia-persistenced"[:15]
     for comm in Path("/proc").glob("[0-9]*/comm"):
         try:
-            if comm.read_text(encoding="utf-8").strip() == wanted:
+            if comm.read_text(encoding="utf-8").strip() == wanted and _in_my_pid_namespace(
+                    comm.parent):
                 return True
         except OSError:
             continue
