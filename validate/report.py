@@ -597,10 +597,19 @@ def write_report(
         extras.write_files(target)
     _place(target, final)
     if update_latest and not interrupted and final.parent == out_root:
-        tmp = out_root / f".{LATEST}.{os.getpid()}.{secrets.token_hex(4)}"
-        tmp.symlink_to(final.name)
-        os.replace(tmp, out_root / LATEST)
+        point_link(out_root / LATEST, final.name)
     return Report(final, nodes, fleet, code, interrupted)
+
+
+def point_link(link: Path, target: str) -> None:
+    """Point the symlink ``link`` at ``target`` in one step: a temporary link renamed over it.
+
+    A reader never finds ``link`` missing or half-made, and writers at the same moment (other
+    processes, or threads of one process) never share the temporary name.
+    """
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
 
 
 def _place(built: Path, final: Path) -> None:

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from validate.drift.model import COLUMNS, Finding, FindingStatus
 from validate.model import CheckResult, ExitCode
-from validate.report import to_frame
+from validate.report import point_link, to_frame
 
 TABLE = "drift.parquet"
 META = "drift.json"
@@ -281,10 +281,7 @@ def write_run(out_root: Path, meta: RunMeta, table: pd.DataFrame,
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    link = out_root / f".{LATEST}.{os.getpid()}"
-    link.unlink(missing_ok=True)
-    link.symlink_to(final.name)
-    os.replace(link, out_root / LATEST)
+    point_link(out_root / LATEST, final.name)
     if textfile is not None:
         write_textfile(textfile, prom)
     return final
