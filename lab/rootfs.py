@@ -176,7 +176,13 @@ def ensure_rootfs(cache: Path, log: bool = True, os_key: str = DEFAULT_OS) -> Pa
             raise LabError("debootstrap is not installed (run `make setup`)")
         cache.mkdir(parents=True, exist_ok=True)
         with open(cache / f".{target.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                # Another checkout is building this recipe: say so, rather than hang silently.
+                print(f"lab: waiting for another process's build of {target} "
+                      f"(lock {lock.name})", file=sys.stderr, flush=True)
+                fcntl.flock(lock, fcntl.LOCK_EX)
             if not complete.exists():
                 _build(target, suite, os_key, log)
                 _prune(cache, suite, target)

@@ -54,7 +54,7 @@ def test_prune_keeps_recipes_a_checkout_may_still_run_on(tmp_path: Path) -> None
 
 
 def test_a_second_checkout_waits_for_the_build_and_uses_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     """Another process holds the recipe's build lock; ensure_rootfs waits on it, and once the
     holder has finished the rootfs, returns it without building one of its own."""
     monkeypatch.setattr(rootfs.shutil, "which", lambda _name: "/usr/sbin/debootstrap")
@@ -77,6 +77,7 @@ def test_a_second_checkout_waits_for_the_build_and_uses_it(
         waiter.start()
         waiter.join(1.0)
         assert waiter.is_alive() and not result  # blocked on the holder's lock
+        assert f"waiting for another process's build of {target}" in capfd.readouterr().err
         _recipe(tmp_path, target.name, 0)  # the holder's build completes
         holder.stdin.write("\n")
         holder.stdin.flush()
