@@ -112,17 +112,54 @@ def _install_signals() -> None:
     signal.signal(signal.SIGINT, _on_signal)
 
 
+# The write end of the pipe the parent of _daemonize() reads until the daemon is ready.
+_ready_fd: int | None = None
+
+
 def _daemonize() -> bool:
-    """Double fork; True in the daemon, False in the parent (which should exit 0)."""
-    if os.fork() > 0:
+    """Double fork; True in the daemon, False in the parent (which should exit 0).
+
+    The parent returns only once the intermediate child has exited and the daemon has called
+    _ready() (or died): a Type=forking unit without PIDFile= takes the one process left in its
+    cgroup when the parent exits as the main process. Returning earlier let systemd take the
+    intermediate child, see it exit 0, call the service finished and kill the daemon (seen in
+    the lab: "nvidia-fabricmanager.service: Deactivated successfully" 5 ms after starting)."""
+    global _ready_fd  # noqa: PLW0603  (one daemon per process)
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child > 0:
+        os.close(write_fd)
+        os.waitpid(child, 0)
+        while os.read(read_fd, 1):  # EOF: the daemon is ready, or gone
+            pass
+        os.close(read_fd)
         return False
+    os.close(read_fd)
     os.setsid()
     if os.fork() > 0:
         os._exit(0)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
+    _ready_fd = write_fd
     return True
+
+
+def _initialize() -> None:
+    """The daemon's start-up work before it is ready: none by default; GPUREADY_SIM_INIT_S
+    seconds where set (real fabric managers take seconds to program the NVSwitches; the tests
+    use it to show the starter waits)."""
+    delay = float(os.environ.get("GPUREADY_SIM_INIT_S", "0") or 0)
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _ready() -> None:
+    """Tell the parent of _daemonize() that the daemon is up (its pid file written)."""
+    global _ready_fd  # noqa: PLW0603
+    if _ready_fd is not None:
+        os.close(_ready_fd)
+        _ready_fd = None
 
 
 def _wait() -> None:
@@ -153,6 +190,7 @@ def persistenced(args: list[str]) -> int:
         return 0
     set_process_name(tool)
     _install_signals()
+    _initialize()
     pid = os.getpid()
     run = _root("/var/run/nvidia-persistenced")
     run.mkdir(parents=True, exist_ok=True)
@@ -163,6 +201,7 @@ def persistenced(args: list[str]) -> int:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(sock_path))
     server.listen(4)
+    _ready()
 
     def log(message: str) -> None:
         print(f"{tool}: {message}", file=sys.stderr, flush=True)
@@ -247,9 +286,11 @@ def fabricmanager(args: list[str]) -> int:
         return 0
     set_process_name(tool)
     _install_signals()
+    _initialize()
     marker = _run_dir() / "nv-fabricmanager.pid"
     marker.parent.mkdir(parents=True, exist_ok=True)
     _write_pid(marker, os.getpid())
+    _ready()
     log("INFO", "Connected to 1 node.")
     log(
         "INFO",

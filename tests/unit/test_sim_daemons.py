@@ -128,3 +128,37 @@ def test_persistenced_forks_like_the_packaged_unit_expects(node: Path):
     finally:
         os.kill(pid, signal.SIGTERM)
     wait_for(lambda: not pid_file.exists())
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "pid_file", "comm"),
+    [
+        ("nvidia-persistenced", [], "root/var/run/nvidia-persistenced/nvidia-persistenced.pid",
+         "nvidia-persiste"),
+        ("nv-fabricmanager", [], "run/nv-fabricmanager.pid", "nv-fabricmanage"),
+    ],
+)
+def test_daemon_is_the_only_process_left_when_its_starter_returns(node, tool, args, pid_file,
+                                                                  comm):
+    """systemd's Type=forking (no PIDFile=) takes the one process left when ExecStart exits as
+    the main process: the intermediate fork must be gone and the daemon ready by then."""
+    # Not pipes: run() would then also wait for the forks to let go of them.
+    with (node / "stderr").open("w+") as err:
+        # A daemon that takes a while to come up, as a real fabric manager does.
+        proc = subprocess.run([sys.executable, str(SIM), *args],
+                              env={**env(node, tool, "550.90.07"), "GPUREADY_SIM_INIT_S": "0.5"},
+                              stdout=subprocess.DEVNULL, stderr=err, timeout=10, check=False)
+    assert proc.returncode == 0, (node / "stderr").read_text()
+    marker = node / pid_file
+    # Ready when the starter returned: no wait here.
+    assert marker.exists()
+    pid = int(marker.read_text())
+    try:
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == comm
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        # Reparented: the intermediate child (a daemons.py process) has already exited.
+        parent = Path(f"/proc/{ppid}/cmdline")
+        assert not parent.exists() or str(SIM) not in parent.read_text()
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not marker.exists())
