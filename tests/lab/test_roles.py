@@ -226,15 +226,34 @@ def test_failed_driver_install_fails_only_that_host(first_converge: PlaybookRun)
     assert "550.90.07-1" in message
     # The DKMS error itself, as dpkg printed it, is in the message.
     assert "Bad return status for module build" in message
-    # Nothing after the driver ran on the failed host.
-    later_roles = {e["event_data"].get("role") for e in first_converge.host_events(
-        BROKEN, "runner_on_ok") if e["event_data"].get("role")}
-    assert later_roles <= {"preflight", "gpu_kernel_prereqs", "nvidia_driver", "vendor_apt_repo"}
+    # Nothing after the driver ran on the failed host. Before the roles, the play trusted every
+    # vendor repository (bootstrap.yml's pre_tasks); from the first role on, only the roles up
+    # to the driver's ran.
+    ran = [e["event_data"] for e in first_converge.host_events(BROKEN, "runner_on_ok")]
+    first_role = next(i for i, d in enumerate(ran) if d.get("role") == "gpu_kernel_prereqs")
+    trusted = {d["task"] for d in ran[:first_role] if d.get("role") == "vendor_apt_repo"}
+    assert "Configure the repository (deb822 source)" in trusted
+    later_roles = {d.get("role") for d in ran[first_role:] if d.get("role")}
+    assert later_roles <= {"gpu_kernel_prereqs", "nvidia_driver", "vendor_apt_repo"}
     # The play went on for the others to the last role.
     for host in HEALTHY:
         roles = {e["event_data"].get("role") for e in first_converge.host_events(
             host, "runner_on_ok")}
         assert "gpu_validation_tools" in roles, host
+
+
+def test_one_apt_update_reads_every_vendor_repository(first_converge: PlaybookRun) -> None:
+    """bootstrap.yml trusts the four vendor repositories before any role installs: the first
+    install's apt update reads them all, and no later install updates again (one per role
+    before, each re-reading Debian's indexes too)."""
+    for host in HEALTHY:
+        installs = [e["event_data"]["res"] for e in first_converge.host_events(
+            host, "runner_on_ok") if e["event_data"]["task"] == INSTALL_TASK]
+        # The driver, the toolkit, kubelet and the validation tools (and the fabric manager).
+        assert sum(1 for res in installs if res.get("changed")) >= 4, host
+        assert [res.get("cache_updated", False) for res in installs].count(True) == 1, (
+            host, [res.get("invocation", {}).get("module_args", {}).get("name")
+                   for res in installs if res.get("cache_updated")])
 
 
 @pytest.fixture(scope="module")
