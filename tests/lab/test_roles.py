@@ -322,6 +322,33 @@ def test_testinfra_passes_against_the_lab_inventory(
         assert f"ansible://{host}" in report, host
 
 
+def test_a_source_written_without_its_update_is_read_before_installing(
+        lab: Lab, second_converge: PlaybookRun) -> None:
+    """A run stopped between writing a vendor source and the apt update that reads it (the
+    trust-first step writes every source before the first install) leaves a host whose source
+    is settled but whose lists were never fetched; the next converge must update before it
+    installs, not take apt's lists as fresh because they are less than an hour old."""
+    del second_converge  # node3 is converged
+    host = "node3"
+    proc = ssh(lab.address(host), (
+        "set -e; rm -f /var/lib/apt/lists/*core:_stable:*; sleep 1; "
+        "touch /etc/apt/sources.list.d/gpuready-kubernetes.sources; "
+        "apt-mark unhold kubectl >/dev/null; dpkg --purge kubectl >/dev/null; "
+        "apt-cache madison kubectl | grep -c ' 1.30.5-1.1 ' || true"))
+    assert proc.returncode == 0, proc.stderr
+    # The pinned version is not installable without an update (Debian 13 has a kubectl of its
+    # own, which the pins keep out).
+    assert proc.stdout.strip() == "0", proc.stdout
+    run = lab.playbook(limit=host, cmdline="--tags kubelet", label="source without its update")
+    assert run.rc == 0, run.failures(host)
+    installs = [e["event_data"]["res"] for e in run.host_events(host, "runner_on_ok")
+                if e["event_data"]["task"] == INSTALL_TASK]
+    assert [(r.get("changed"), r.get("cache_updated")) for r in installs] == [(True, True)]
+    # Back at its pin, held.
+    proc = ssh(lab.address(host), "dpkg-query -W -f='${Version} ${db:Status-Abbrev}' kubectl")
+    assert proc.stdout.split() == ["1.30.5-1.1", "hi"], proc.stdout
+
+
 def test_hand_edited_files_are_reported_and_put_back(
         lab: Lab, second_converge: PlaybookRun) -> None:
     del second_converge  # ordering only

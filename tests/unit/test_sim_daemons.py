@@ -150,10 +150,11 @@ def test_daemon_is_the_only_process_left_when_its_starter_returns(node, tool, ar
                               stdout=subprocess.DEVNULL, stderr=err, timeout=10, check=False)
     assert proc.returncode == 0, (node / "stderr").read_text()
     marker = node / pid_file
-    # Ready when the starter returned: no wait here.
-    assert marker.exists()
+    ready_when_returned = marker.exists()
+    wait_for(marker.exists)  # up in any case: stopped below even when the test fails
     pid = int(marker.read_text())
     try:
+        assert ready_when_returned
         assert Path(f"/proc/{pid}/comm").read_text().strip() == comm
         ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         # Reparented: the intermediate child (a daemons.py process) has already exited.
