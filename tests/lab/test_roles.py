@@ -230,7 +230,9 @@ def test_failed_driver_install_fails_only_that_host(first_converge: PlaybookRun)
     # vendor repository (bootstrap.yml's pre_tasks); from the first role on, only the roles up
     # to the driver's ran.
     ran = [e["event_data"] for e in first_converge.host_events(BROKEN, "runner_on_ok")]
-    first_role = next(i for i, d in enumerate(ran) if d.get("role") == "gpu_kernel_prereqs")
+    first_role = next((i for i, d in enumerate(ran) if d.get("role") == "gpu_kernel_prereqs"),
+                      None)
+    assert first_role is not None, "gpu_kernel_prereqs never ran on the broken host"
     trusted = {d["task"] for d in ran[:first_role] if d.get("role") == "vendor_apt_repo"}
     assert "Configure the repository (deb822 source)" in trusted
     later_roles = {d.get("role") for d in ran[first_role:] if d.get("role")}
