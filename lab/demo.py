@@ -1,6 +1,6 @@
 """`make demo`: the whole pipeline on the lab, ending with the cluster and the report.
 
-Boots the demo fleet (one healthy host per pool, three with injected faults, and the control
+Boots the demo fleet (one healthy host per pool, one with three injected faults, and the control
 plane cp1 with the SIMULATED API server), runs `playbooks/site.yml` on it (bootstrap, join the
 cluster tainted, validate, gate), shows the Nodes as `kubectl get nodes --show-labels` lists
 them and prints where the report is. The lab stays up so you can look around; `make lab-down`
