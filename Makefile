@@ -40,7 +40,7 @@ setup: $(STAMP_PY) $(STAMP_DEBS) ## create .venv, install pinned Python deps and
 
 $(STAMP_PY): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# uv installs the pinned requirements (README "Dependencies"): on the 2-core machine 2-7 s
+	@# uv installs the pinned requirements (docs/dependencies.md): on the 2-core machine 2-7 s
 	@# (its cache warm or cold) against 45-57 s for pip with its cache warm. uv itself is pinned
 	@# and comes from PyPI through the venv's pip.
 	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
