@@ -82,7 +82,7 @@ SYSTEMCTL = Source(
     "systemctl(1)", "https://www.freedesktop.org/software/systemd/man/latest/systemctl.html"
 )
 OPENSSH = Source("ssh(1): verifying host keys", "https://man.openbsd.org/ssh#VERIFYING_HOST_KEYS")
-SUITE = Source("gpuready README: Validators (this suite's own behaviour)")
+SUITE = Source("gpuready docs/validators.md (this suite's own behaviour)")
 
 _DRAIN = "Drain the node (kubectl drain) before touching the GPU"
 

@@ -54,7 +54,7 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130  # SIGINT/SIGTERM: stopped early, a partial report marked "interrupted"
 
 
-# What each exit code tells the person reading a report (README's table says the same).
+# What each exit code tells the person reading a report (README.md's exit-code table says the same).
 EXIT_MEANING: dict[ExitCode, str] = {
     ExitCode.OK: "all checks pass (warnings allowed)",
     ExitCode.CHECK_FAILED: "a check failed",
