@@ -9,9 +9,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the lab needs on this machine (the lab hosts install their own).
 # debian-archive-keyring: debootstrap verifies bookworm and trixie against it. Open MPI and
-# mpi4py run the multi-node all_reduce_perf simulator in its unit tests.
+# mpi4py run the multi-node all_reduce_perf simulator in its unit tests. gcc and libc6-dev: the
+# kubelet is linked with cgo, as upstream links it (lab/kube/build.py).
 LAB_DEBS := debootstrap debian-archive-keyring systemd-container dpkg-dev gnupg openssh-client \
-	util-linux iproute2 openmpi-bin python3-mpi4py
+	util-linux iproute2 openmpi-bin python3-mpi4py gcc libc6-dev
 # The report page's browser test (tests/unit/test_report_browser.py) drives Debian's Chromium
 # through Playwright; Playwright's own browser download is never used.
 BROWSER_DEBS := chromium
@@ -28,7 +29,11 @@ LAB_INOTIFY_INSTANCES := 1024
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(STAMP_PY) $(STAMP_DEBS) ## create .venv, install pinned Python deps and the lab's Debian packages
+setup: $(STAMP_PY) $(STAMP_DEBS) ## .venv, pinned Python deps, the lab's Debian packages, Kubernetes built from source
+	@# The pinned Kubernetes release and its etcd, built from the Go module proxy once per
+	@# machine into ~/.cache/gpuready/kube (lab/kube/build.py): about 15 minutes on 2 cores the
+	@# first time, nothing after that until lab/kube/go.mod or go.sum changes.
+	$(PY) -m lab.kube.build
 	@# Each booted lab host holds 8 inotify instances (lab/limits.py) and the largest test fleet
 	@# has 16: with the common default of 128 those alone would use all of them. Raised for this
 	@# boot only (not persisted); where it cannot be raised, `lab up` names the limit and refuses.
