@@ -7,10 +7,15 @@ NVML clock event reasons, the fabric manager guide, nccl-tests' and NCCL's own d
 systemd's manuals, and, for the suite's own codes (transport, profile, inventory), this suite's
 documented behaviour.
 
-Schema: ``ACTIONS: dict[code, Action(meaning, action, source, url)]`` for fixed codes, plus two
-families resolved by :func:`action_for`: ``gpu.xid.<n>`` (the Xid catalog) and
+Schema: ``ACTIONS: dict[code, Action(meaning, action, source, hardware_fault)]`` for fixed
+codes, plus two families resolved by :func:`action_for`: ``gpu.xid.<n>`` (the Xid catalog) and
 ``gpu.throttle.<reason>`` (NVML clock event reasons). ``action_for`` returns ``None`` for a
 code nobody catalogued; the report then says so instead of guessing.
+
+``hardware_fault`` marks the faults a clean run does not clear: the GPU or board needs a person
+(reseat, replace, RMA) even when the next run passes, as after Xid 79 (fallen off the bus) or a
+failed row remap. The gate quarantines a node with such a code until an operator releases it
+(:func:`is_hardware_fault`, validate/gate.py).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Action:
     meaning: str
     action: str
     source: Source
+    hardware_fault: bool = False
 
 
 XID_CATALOG = Source("NVIDIA: Analyzing Xid Errors with the Xid Catalog", xid_catalog.CATALOG_URL)
@@ -218,6 +224,7 @@ ACTIONS: dict[str, Action] = {
         f"{_DRAIN}; look for Xid 79 (fallen off the bus) in the kernel log and for the GPU in "
         "`lspci -d 10de:`; reboot once, then reseat or replace with the vendor if it stays gone.",
         DEBUG_GUIDE,
+        hardware_fault=True,
     ),
     "gpu.count.extra": Action(
         "More GPUs than the profile expects: the node is probably in the wrong pool.",
@@ -269,6 +276,7 @@ ACTIONS: dict[str, Action] = {
         f"{_DRAIN} and take it out of service: NVIDIA's RMA policy treats a remapping failure "
         "as grounds to replace the GPU.",
         MEMORY_ERRORS,
+        hardware_fault=True,
     ),
     "gpu.ecc.retired_pending": Action(
         "Pages are marked for retirement that only takes effect after a reset.",
@@ -336,6 +344,7 @@ ACTIONS: dict[str, Action] = {
         f"{_DRAIN} at once; run DCGM diagnostics (dcgmi diag -r 3) to find the GPU, and replace "
         "it.",
         DCGM_DIAG,
+        hardware_fault=True,
     ),
     "nccl.allreduce.incomplete": Action(
         "all_reduce_perf printed no result at the tested size.",
@@ -407,6 +416,12 @@ _THROTTLE: dict[str, tuple[str, str]] = {
 }
 
 
+# Xids whose catalog action is hardware work, not a reset: 79 (fallen off the bus: RESTART_BM,
+# then PCIe, power and thermals, replace if it recurs) and 64 (row remapping or page retirement
+# failed: the GPU likely needs replacement).
+HARDWARE_FAULT_XIDS = frozenset({64, 79})
+
+
 def action_for(code: str) -> Action | None:
     """The catalogued action for ``code``, or None when nobody catalogued it."""
     if code in ACTIONS:
@@ -414,7 +429,8 @@ def action_for(code: str) -> Action | None:
     family, _, tail = code.rpartition(".")
     if family == "gpu.xid" and tail.isdigit():
         info = xid_catalog.lookup(int(tail))
-        return Action(f"Xid {tail}: {info.summary} ({info.severity}).", info.action, XID_CATALOG)
+        return Action(f"Xid {tail}: {info.summary} ({info.severity}).", info.action, XID_CATALOG,
+                      hardware_fault=int(tail) in HARDWARE_FAULT_XIDS)
     if family == "gpu.throttle":
         meaning, action = _THROTTLE.get(
             tail,
@@ -422,3 +438,9 @@ def action_for(code: str) -> Action | None:
         )
         return Action(meaning, action, CLOCK_REASONS)
     return None
+
+
+def is_hardware_fault(code: str) -> bool:
+    """Whether the catalogue marks ``code`` as a hardware fault (quarantine until released)."""
+    action = action_for(code)
+    return action is not None and action.hardware_fault

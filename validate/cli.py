@@ -16,6 +16,7 @@ call it in-process with their own streams; a closed or broken stream never stops
     python -m validate checks                    list check ids
     python -m validate gate -i <inventory> [--run DIR] [--dry-run]   label and admit nodes
                                                  (validate/gate.py)
+    python -m validate gate -i <inventory> --release NODE --reason TEXT   end a quarantine
     python -m validate drift -i <inventory> ...  read-only drift check (validate/drift/cli.py)
     python -m validate history <reports root>    figures over past runs, against baselines
 """
@@ -194,6 +195,13 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     gt.add_argument("--kubeconfig", type=Path,
                     help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
     gt.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
+    gt.add_argument("--log", type=Path,
+                    help="the gate's log, one JSON line per gate run and release (default: "
+                         "gate.log beside the run directory, in the reports root)")
+    gt.add_argument("--release", metavar="NODE",
+                    help="lift NODE's quarantine (a hardware fault); needs --reason. The node "
+                         "stays tainted until a fresh, complete passing run is gated")
+    gt.add_argument("--reason", help="why the quarantined node may go back (with --release)")
     for parser in (p, r, ps, rp, ck, gt, *drift_cli.add_parsers(sub, DEFAULT_OUT)):
         parser.streams = (stdout, stderr)
     return p
@@ -491,6 +499,25 @@ def _check_fabric_inputs(nodes: Sequence[Node]) -> None:
         fabric.mpi_mca(node)
 
 
+def _cmd_gate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    if args.release is None:
+        if args.reason is not None:
+            stderr.write("error: --reason goes with --release NODE\n")
+            return ExitCode.USAGE_OR_TOOL_ERROR
+        return gate.cmd_gate(args.inventory, args.run, limit=args.limit, dry_run=args.dry_run,
+                             kubeconfig=args.kubeconfig, prefix=args.prefix, stdout=stdout,
+                             stderr=stderr, log=args.log)
+    if args.reason is None:
+        stderr.write("error: --release needs --reason TEXT (why the node may go back)\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    if args.limit is not None:
+        stderr.write("error: --release names its node; --limit does not apply\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    return gate.cmd_release(args.inventory, args.release, args.reason, run_dir=args.run,
+                            dry_run=args.dry_run, kubeconfig=args.kubeconfig,
+                            prefix=args.prefix, stdout=stdout, stderr=stderr, log=args.log)
+
+
 def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
     text = args.file.read_text(encoding="utf-8", errors="replace")
     result = PARSERS[args.format](text)
@@ -610,9 +637,7 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
         if args.cmd == "report":
             return int(_cmd_report(args, out, err))
         if args.cmd == "gate":
-            return int(gate.cmd_gate(args.inventory, args.run, limit=args.limit,
-                                     dry_run=args.dry_run, kubeconfig=args.kubeconfig,
-                                     prefix=args.prefix, stdout=out, stderr=err))
+            return int(_cmd_gate(args, out, err))
         if args.cmd == "drift":
             return int(drift_cli.cmd_drift(args, out, err))
         if args.cmd == "history":

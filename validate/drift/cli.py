@@ -5,7 +5,7 @@
         [--layers configuration,versions,runtime,labels,performance] [--perf-checks IDS]
         [--baseline-runs K] [--min-runs N] [--margin F] [--textfile PATH] [--keep-days N]
     python -m validate history <reports root> [--node NODE] [--figure F] [--baseline-runs K]
-        [--min-runs N] [--margin F] [--format table|csv|json]
+        [--min-runs N] [--margin F] [--kind all|validation|drift] [--format table|csv|json]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from validate.history import (
     summarise,
 )
 from validate.model import ExitCode
+from validate.runinfo import RUN_KINDS
 
 
 def _layers(text: str) -> tuple[Layer, ...]:
@@ -89,6 +90,9 @@ def add_parsers(sub: Any, default_out: Path) -> list[Any]:
     h.add_argument("--node", help="one node: its figures' baseline and last change")
     h.add_argument("--figure", help="only this figure (nccl_busbw_gbps or CHECK:METRIC); with "
                                     "--node, its whole series")
+    h.add_argument("--kind", choices=("all", *RUN_KINDS), default="all",
+                   help="read validation runs, drift runs, or both (run.json's run_kind; "
+                        "default: %(default)s)")
     _baseline_args(h)
     h.add_argument("--format", choices=("table", "csv", "json"), default="table")
     return [d, h]
@@ -140,16 +144,17 @@ def _emit(df: pd.DataFrame, fmt: str, stdout: TextIO) -> None:
 def cmd_history(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     settings = _settings(args)
     figures = [parse_figure(args.figure)] if args.figure else None
+    kinds = None if args.kind == "all" else (args.kind,)
     if not args.node:
-        _emit(fleet_table(args.root, settings, figures), args.format, stdout)
+        _emit(fleet_table(args.root, settings, figures, kinds), args.format, stdout)
         return ExitCode.OK
-    series = node_series(args.root, args.node, figures)
+    series = node_series(args.root, args.node, figures, kinds=kinds)
     if series.empty:
         stderr.write(f"error: no figures of node {args.node!r} under {args.root}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
     summary = summarise(series, settings)
     if args.figure:
-        _emit(series[["run_id", "time", "value", "status"]], args.format, stdout)
+        _emit(series[["run_id", "run_kind", "time", "value", "status"]], args.format, stdout)
         if args.format == "table":
             s = summary.iloc[0]
             base = "none" if pd.isna(s["baseline"]) else f"{s['baseline']:g}"
