@@ -33,7 +33,7 @@ from validate.model import (
 )
 from validate.parsers import ParseError
 from validate.profiles import Band, Profile
-from validate.transport import CommandResult, Transport, TransportError
+from validate.transport import CommandResult, Transport, TransportError, Unresponsive
 
 T = TypeVar("T")
 
@@ -41,6 +41,9 @@ T = TypeVar("T")
 # fixtures/nvidia-smi-nodriver/).
 _NO_DRIVER = re.compile(r"couldn't communicate with the NVIDIA driver", re.IGNORECASE)
 CODE_DRIVER_NOT_LOADED = "gpu.driver.not_loaded"
+# How long ``true`` may take to answer after a command timed out (NodeContext): the SSH step
+# budget's default.
+DEFAULT_PROBE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,12 @@ class NodeContext:
     hangs for ``-q -x``, ``topo -m`` and ``nvlink -s`` alike, and each would cost a full
     timeout. Later commands of that tool raise a ``tool.timeout`` ToolFailure saying so.
 
+    After any timeout the node itself is asked whether it still answers: ``true``, within
+    ``probe_timeout_s``. A node that does not answer that either has stopped answering
+    commands altogether (it accepts them and never replies): the timed-out command raises
+    :class:`~validate.transport.Unresponsive` (``host.unresponsive``, exit 3), and the runner
+    gives every later check that row at once instead of one full timeout per tool.
+
     :meth:`prefetch` starts a command a later check will run beside the checks that run now,
     when the transport can run two at once: a node whose tools all hang then costs one timeout,
     not one per tool, and a healthy node one round trip less. :meth:`settle` waits for what
@@ -130,6 +139,10 @@ class NodeContext:
     _parsed: dict[tuple[object, tuple[str, ...]], object] = field(default_factory=dict)
     _started: dict[tuple[str, ...], Future[CommandResult]] = field(default_factory=dict)
     _gone: TransportError | None = None
+    # Seconds the liveness probe after a timeout may take (None: no probe).
+    probe_timeout_s: float | None = DEFAULT_PROBE_TIMEOUT_S
+    _probe_lock: threading.Lock = field(default_factory=threading.Lock)
+    _silent: TransportError | None = None
 
     def gone(self, error: TransportError) -> None:
         """The node cannot be asked any more: every later command raises ``error`` without
@@ -216,9 +229,37 @@ class NodeContext:
             raise
         if result.timed_out:
             self._timed_out[name] = f"{shlex.join(key)[:80]} killed after {result.duration_s:.1f} s"
+            try:
+                self._still_answering(name, result)
+            except TransportError as exc:
+                if cached:
+                    self._cache[key] = exc
+                raise
         if cached:
             self._cache[key] = result
         return result
+
+    def _still_answering(self, name: str, timed_out: CommandResult) -> None:
+        """After ``name`` timed out: raise the node's TransportError when a ``true`` gets no
+        answer either (see the class docstring); return when it does (only the tool hangs).
+        One probe at a time; once the node is known silent, every caller gets that error."""
+        if self.probe_timeout_s is None:
+            return
+        with self._probe_lock:
+            if self._silent is None:
+                try:
+                    probe = self.transport.run(("true",), self.probe_timeout_s)
+                except TransportError as exc:
+                    self._silent = exc
+                else:
+                    if not probe.timed_out:
+                        return
+                    self._silent = Unresponsive(
+                        self.node.name,
+                        f"stopped answering commands: {name} got no answer within "
+                        f"{timed_out.duration_s:.1f} s, then `true` none within "
+                        f"{probe.duration_s:.1f} s; its remaining checks were not started")
+            raise self._silent
 
     def as_root(self, argv: Sequence[str]) -> tuple[str, ...]:
         """argv as a command that needs root runs: through ``sudo -n -u <become user> --``
@@ -306,11 +347,15 @@ def check_result(result: CommandResult, tool: str | None = None) -> None:
 
 
 def parsed(parser: Callable[[str], T], text: str, what: str) -> T:
-    """``parser(text)``, with a ParseError turned into a ToolFailure naming ``what``."""
+    """``parser(text)``, with a ParseError turned into a ToolFailure naming ``what``. Output
+    nested deeper than Python's recursion limit (a node printing 100,000 nested brackets) is a
+    parse error too, wherever a parser met it."""
     try:
         return parser(text)
     except ParseError as exc:
         raise ToolFailure(CODE_PARSE, f"{what}: {exc}") from exc
+    except RecursionError:
+        raise ToolFailure(CODE_PARSE, f"{what}: output nested too deeply to parse") from None
 
 
 class Check(ABC):
