@@ -148,8 +148,8 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
         default=10.0,
         help="seconds each step of the SSH conversation may take: connect, banner, key "
         "exchange, authentication, channel open, exec request, keepalive answer; also how "
-        "long `true` may take after a command timed out before the node counts as gone "
-        "(default: %(default)g)",
+        "long `true` may take when a command nears its timeout: a node that answers neither "
+        "has stopped answering (host.unresponsive) (default: %(default)g)",
     )
     r.add_argument(
         "--max-output-mib",

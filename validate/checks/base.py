@@ -14,6 +14,7 @@ import math
 import re
 import shlex
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -118,11 +119,14 @@ class NodeContext:
     hangs for ``-q -x``, ``topo -m`` and ``nvlink -s`` alike, and each would cost a full
     timeout. Later commands of that tool raise a ``tool.timeout`` ToolFailure saying so.
 
-    After any timeout the node itself is asked whether it still answers: ``true``, within
+    A command that times out asks whether the node itself still answers: ``true``, within
     ``probe_timeout_s``. A node that does not answer that either has stopped answering
     commands altogether (it accepts them and never replies): the timed-out command raises
     :class:`~validate.transport.Unresponsive` (``host.unresponsive``, exit 3), and the runner
-    gives every later check that row at once instead of one full timeout per tool.
+    gives every later check that row at once instead of one full timeout per tool. Where the
+    transport runs two commands at once, the probe is sent ``probe_timeout_s`` before the
+    command's own timeout, if it still runs then, so that the verdict is in when the timeout
+    fires: the node costs that one timeout; otherwise it is sent after the timeout.
 
     :meth:`prefetch` starts a command a later check will run beside the checks that run now,
     when the transport can run two at once: a node whose tools all hang then costs one timeout,
@@ -142,6 +146,7 @@ class NodeContext:
     # Seconds the liveness probe after a timeout may take (None: no probe).
     probe_timeout_s: float | None = DEFAULT_PROBE_TIMEOUT_S
     _probe_lock: threading.Lock = field(default_factory=threading.Lock)
+    _probe: tuple[float, Future[CommandResult | TransportError]] | None = None
     _silent: TransportError | None = None
 
     def gone(self, error: TransportError) -> None:
@@ -221,16 +226,27 @@ class NodeContext:
                 CODE_TIMEOUT,
                 f"not started: {name} already timed out on this node ({self._timed_out[name]})",
             )
+        seconds = timeout or self.default_timeout_s
+        started = time.monotonic()
+        early = None
+        if self.probe_timeout_s is not None and getattr(self.transport, "concurrent_runs", False):
+            early = threading.Timer(max(0.0, seconds - self.probe_timeout_s), self._probe_since,
+                                    (started,))
+            early.daemon = True
+            early.start()
         try:
-            result = self.transport.run(key, timeout or self.default_timeout_s)
+            result = self.transport.run(key, seconds)
         except TransportError as exc:
             if cached:
                 self._cache[key] = exc
             raise
+        finally:
+            if early is not None:
+                early.cancel()
         if result.timed_out:
             self._timed_out[name] = f"{shlex.join(key)[:80]} killed after {result.duration_s:.1f} s"
             try:
-                self._still_answering(name, result)
+                self._still_answering(name, result, started)
             except TransportError as exc:
                 if cached:
                     self._cache[key] = exc
@@ -239,27 +255,47 @@ class NodeContext:
             self._cache[key] = result
         return result
 
-    def _still_answering(self, name: str, timed_out: CommandResult) -> None:
-        """After ``name`` timed out: raise the node's TransportError when a ``true`` gets no
-        answer either (see the class docstring); return when it does (only the tool hangs).
-        One probe at a time; once the node is known silent, every caller gets that error."""
+    def _probe_since(self, since: float) -> Future[CommandResult | TransportError]:
+        """The liveness probe (``true``) sent at or after ``since``: the one under way or done,
+        else a new one in a thread of its own. One node sends one probe at a time."""
+        with self._probe_lock:
+            if self._probe is not None and self._probe[0] >= since:
+                return self._probe[1]
+            answer: Future[CommandResult | TransportError] = Future()
+            self._probe = (time.monotonic(), answer)
+        assert self.probe_timeout_s is not None
+
+        def work(budget: float) -> None:
+            try:
+                answer.set_result(self.transport.run(("true",), budget))
+            except TransportError as exc:
+                answer.set_result(exc)
+            except BaseException as exc:  # handed to whoever waits for the verdict
+                answer.set_exception(exc)
+
+        threading.Thread(target=work, args=(self.probe_timeout_s,), daemon=True,
+                         name=f"validate-{self.node.name}-probe").start()
+        return answer
+
+    def _still_answering(self, name: str, timed_out: CommandResult, since: float) -> None:
+        """After ``name`` (started at ``since``) timed out: raise the node's TransportError when
+        a ``true`` sent since then got no answer either (see the class docstring); return when
+        it did (only the tool hangs). Once the node is known silent, every caller gets that."""
         if self.probe_timeout_s is None:
             return
-        with self._probe_lock:
-            if self._silent is None:
-                try:
-                    probe = self.transport.run(("true",), self.probe_timeout_s)
-                except TransportError as exc:
-                    self._silent = exc
-                else:
-                    if not probe.timed_out:
-                        return
-                    self._silent = Unresponsive(
-                        self.node.name,
-                        f"stopped answering commands: {name} got no answer within "
-                        f"{timed_out.duration_s:.1f} s, then `true` none within "
-                        f"{probe.duration_s:.1f} s; its remaining checks were not started")
-            raise self._silent
+        if self._silent is None:
+            probe = self._probe_since(since).result()
+            if isinstance(probe, CommandResult) and not probe.timed_out:
+                return
+            silent = probe if isinstance(probe, TransportError) else Unresponsive(
+                self.node.name,
+                f"stopped answering commands: {name} got no answer within "
+                f"{timed_out.duration_s:.1f} s, nor `true` within {probe.duration_s:.1f} s; "
+                "its remaining checks were not started")
+            with self._probe_lock:
+                if self._silent is None:
+                    self._silent = silent
+        raise self._silent
 
     def as_root(self, argv: Sequence[str]) -> tuple[str, ...]:
         """argv as a command that needs root runs: through ``sudo -n -u <become user> --``
