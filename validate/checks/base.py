@@ -124,9 +124,10 @@ class NodeContext:
     commands altogether (it accepts them and never replies): the timed-out command raises
     :class:`~validate.transport.Unresponsive` (``host.unresponsive``, exit 3), and the runner
     gives every later check that row at once instead of one full timeout per tool. Where the
-    transport runs two commands at once, the probe is sent ``probe_timeout_s`` before the
-    command's own timeout, if it still runs then, so that the verdict is in when the timeout
-    fires: the node costs that one timeout; otherwise it is sent after the timeout.
+    transport runs two commands at once, the probe is sent beside a command still running
+    ``probe_timeout_s`` before its timeout (at half of it at the earliest), so that the verdict
+    is in when the timeout fires: the node costs that one timeout; otherwise it is sent after
+    the timeout.
 
     :meth:`prefetch` starts a command a later check will run beside the checks that run now,
     when the transport can run two at once: a node whose tools all hang then costs one timeout,
@@ -230,8 +231,10 @@ class NodeContext:
         started = time.monotonic()
         early = None
         if self.probe_timeout_s is not None and getattr(self.transport, "concurrent_runs", False):
-            early = threading.Timer(max(0.0, seconds - self.probe_timeout_s), self._probe_since,
-                                    (started,))
+            # Not before half the command's timeout: most commands are over by then, and a
+            # probe beside each of them would double what a node is asked.
+            lead = max(seconds - self.probe_timeout_s, seconds / 2)
+            early = threading.Timer(lead, self._probe_since, (started,))
             early.daemon = True
             early.start()
         try:
