@@ -147,6 +147,14 @@ ACTIONS: dict[str, Action] = {
         "Read the tool's last lines in the detail and run the same command on the node.",
         SUITE,
     ),
+    "tool.implausible": Action(
+        "A tool finished but its figure cannot be a measurement: fewer bytes moved than asked, "
+        "less time than the floor, or more than the hardware can carry. Nothing was judged.",
+        "Run the command from the detail on the node by hand; a clock that jumped, a "
+        "filesystem that dropped the data or a tool that lies needs fixing before the figure "
+        "means anything.",
+        SUITE,
+    ),
     "tool.parse_error": Action(
         "A tool printed something the parser does not recognise.",
         "Compare the tool's version on the node with the pinned one (gpu_validation_tools role); "
@@ -193,6 +201,13 @@ ACTIONS: dict[str, Action] = {
         "The scratch or checkpoint path is not a plain, safe directory; nothing was written.",
         "Point gpuready_scratch_path / gpuready_checkpoint_path at a plain directory on the "
         "node's local NVMe mount.",
+        SUITE,
+    ),
+    "gpu.xid.journal_unreadable": Action(
+        "journalctl could not read the system journal (no journal files, or a login user "
+        "outside the adm/systemd-journal groups), so no Xid event could be seen.",
+        "Log in as root or set ansible_become (sudo -n) for the validators, and make sure "
+        "systemd-journald runs on the node and keeps the kernel log.",
         SUITE,
     ),
     "storage.no_space": Action(

@@ -64,6 +64,14 @@ COST = "gpuready_cost"
 PROFILE_VARS = (THRESHOLDS, DRIVE_CLASS, SCRATCH_PATH, CHECKPOINT_PATH)
 
 _NO_SPACE = re.compile(r"^\S+$")
+# A profile name: the stem of validate/profiles/<name>.yml.
+_PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+# The largest size a storage check may be asked to write, in MiB (1 PiB). A larger figure is a
+# typo (an exponent, a unit mix-up), and past 2**63 KiB the node's shell cannot even compare
+# it with the free space (dash: "Illegal number"). validate.profiles bounds the profiles' sizes
+# with the same figure.
+MAX_SIZE_MIB = 2**30
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +206,15 @@ def _path(value: Any) -> str:
     return text
 
 
+def _profile_name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Bad(f"is {_kind(value)} ({value!r}), not a profile name (a string naming "
+                   "validate/profiles/<name>.yml)")
+    if not _PROFILE_NAME.match(value):
+        raise _Bad(f"is {value!r}, not a profile name (letters, digits, '.', '_', '-')")
+    return value
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
@@ -206,9 +223,18 @@ def _positive_int(value: Any) -> int:
     return value
 
 
-def _non_negative_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Bad(f"is {value!r}, not a non-negative integer")
+def _size_mib(value: Any) -> int:
+    size = _positive_int(value)
+    if size > MAX_SIZE_MIB:
+        raise _Bad(f"is {size!r} MiB, more than the {MAX_SIZE_MIB} MiB (1 PiB) a storage check "
+                   "may write")
+    return size
+
+
+def _gid_index(value: Any) -> int:
+    # An RDMA port's GID table has at most 256 entries (ibv_query_port's gid_tbl_len).
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+        raise _Bad(f"is {value!r}, not a non-negative integer up to 255 (a GID index)")
     return value
 
 
@@ -306,7 +332,7 @@ def _margins(value: Any) -> Mapping[str, float]:
 
 
 _READERS: dict[str, Callable[[Any], Any]] = {
-    PROFILE: _word,
+    PROFILE: _profile_name,
     POOL: _mapping,
     THRESHOLDS: _mapping,
     ENVIRONMENT: _line,
@@ -316,8 +342,8 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     SCRATCH_PATH: _path,
     DRIVE_CLASS: _word,
     CHECKPOINT_PATH: _path,
-    FIO_SIZE: _positive_int,
-    CHECKPOINT_SIZE: _positive_int,
+    FIO_SIZE: _size_mib,
+    CHECKPOINT_SIZE: _size_mib,
     XID_WINDOW: _line,
     KUBECONFIG: _line,  # a path as the kubernetes client takes it (relative, ~)
     LABEL_PREFIX: _label_prefix,
@@ -330,7 +356,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     RUNTIME_NAME: _word,
     DRIFT_MARGINS: _margins,
     IB_HCA: _word,
-    IB_GID_INDEX: _non_negative_int,
+    IB_GID_INDEX: _gid_index,
     SOCKET_IFNAME: _word,
     NCCL_ENV: _scalars,
     MPI_MCA: _scalars,

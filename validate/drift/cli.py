@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 
+from validate import argtypes
 from validate.drift.model import FindingStatus, Layer
 from validate.drift.performance import DEFAULT_CHECKS
 from validate.drift.run import DriftOptions, run_drift
@@ -45,11 +46,13 @@ def _layers(text: str) -> tuple[Layer, ...]:
 
 
 def _baseline_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--baseline-runs", type=int, default=DEFAULT_K, metavar="K",
+    p.add_argument("--baseline-runs", type=argtypes.count(1, 10_000), default=DEFAULT_K,
+                   metavar="K",
                    help=f"baseline = median of the last K passing runs (default {DEFAULT_K})")
-    p.add_argument("--min-runs", type=int, default=DEFAULT_MIN_RUNS, metavar="N",
+    p.add_argument("--min-runs", type=argtypes.count(1, 10_000), default=DEFAULT_MIN_RUNS,
+                   metavar="N",
                    help=f"passing runs needed for a baseline (default {DEFAULT_MIN_RUNS})")
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+    p.add_argument("--margin", type=argtypes.fraction, default=DEFAULT_MARGIN,
                    help="fraction below the baseline that counts as drift (default "
                         f"{DEFAULT_MARGIN}; the inventory's gpuready_drift_margins sets it "
                         "per figure)")
@@ -58,10 +61,11 @@ def _baseline_args(p: argparse.ArgumentParser) -> None:
 def add_parsers(sub: Any, default_out: Path) -> list[Any]:
     """Add the two subcommands to ``sub`` (argparse subparsers); returns the new parsers."""
     d = sub.add_parser("drift", help="read-only drift check of the inventory's GPU nodes")
-    d.add_argument("-i", "--inventory", required=True, type=Path)
+    d.add_argument("-i", "--inventory", required=True, type=argtypes.path)
     d.add_argument("-l", "--limit", help="Ansible host pattern")
-    d.add_argument("--out", type=Path, default=default_out, help="reports root directory")
-    d.add_argument("--history", type=Path, action="append", default=[],
+    d.add_argument("--out", type=argtypes.path, default=default_out,
+                   help="reports root directory")
+    d.add_argument("--history", type=argtypes.path, action="append", default=[],
                    help="reports root(s) whose runs are the performance history "
                         "(repeatable; default: --out)")
     d.add_argument("--layers", type=_layers, default=tuple(Layer),
@@ -70,23 +74,27 @@ def add_parsers(sub: Any, default_out: Path) -> list[Any]:
                    help=f"checks of the performance layer (default {DEFAULT_CHECKS}; "
                         "'' for none)")
     _baseline_args(d)
-    d.add_argument("--concurrency", type=int, default=16)
-    d.add_argument("--timeout", type=float, default=60.0,
+    d.add_argument("--concurrency", type=argtypes.count(1, argtypes.MAX_CONCURRENCY), default=16)
+    d.add_argument("--timeout", type=argtypes.seconds(argtypes.MAX_COMMAND_TIMEOUT_S),
+                   default=60.0,
                    help="per-command timeout of the probes in seconds")
-    d.add_argument("--check-timeout", type=int, default=3600,
+    d.add_argument("--check-timeout", type=argtypes.count(1, int(argtypes.MAX_NODE_DEADLINE_S)),
+                   default=3600,
                    help="wall-clock limit of the check-mode run in seconds")
-    d.add_argument("--forks", type=int, help="Ansible forks for the check-mode run")
-    d.add_argument("--textfile", type=Path,
+    d.add_argument("--forks", type=argtypes.count(1, argtypes.MAX_CONCURRENCY),
+                   help="Ansible forks for the check-mode run")
+    d.add_argument("--textfile", type=argtypes.path,
                    help="also write the Prometheus metrics here, atomically (node_exporter's "
                         "textfile collector directory)")
-    d.add_argument("--keep-days", type=float,
+    d.add_argument("--keep-days", type=argtypes.days(36_500),
                    help="remove drift runs under --out that finished more than N days ago")
     d.add_argument("--run-id", help="defaults to <UTC time>-drift-<random>")
     d.add_argument("--accept-unknown-host-keys", action="store_true",
                    help="trust host keys missing from known_hosts (never a changed key)")
     h = sub.add_parser("history", help="a node's figures over past runs, or the fleet's "
                                        "latest values against their baselines")
-    h.add_argument("root", type=Path, help="reports root (the directory holding run dirs)")
+    h.add_argument("root", type=argtypes.path,
+                   help="reports root (the directory holding run dirs)")
     h.add_argument("--node", help="one node: its figures' baseline and last change")
     h.add_argument("--figure", help="only this figure (nccl_busbw_gbps or CHECK:METRIC); with "
                                     "--node, its whole series")
