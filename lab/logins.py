@@ -34,7 +34,10 @@ else
 fi
 printf '# gpuready lab: log in as %s\\nPermitRootLogin no\\n' "$user" > {NO_ROOT_LOGIN}
 /usr/sbin/sshd -t
-systemctl reload ssh
+# restart, not reload: a reload (SIGHUP) makes sshd re-exec and close its socket for a moment,
+# and returns before it listens again; ssh.service is Type=notify, so restart returns once the
+# new sshd listens. KillMode=process keeps open sessions.
+systemctl restart ssh
 """
 
 

@@ -242,8 +242,9 @@ def test_rerender_equals_the_run(full_run: tuple[int, pd.DataFrame, float], lab_
     run_dir = lab_reports / str(results["run_id"].iloc[0])
     copy = tmp_path / run_dir.name
     shutil.copytree(run_dir, copy)
-    # The run's inputs: its rows, run.json, and the capacity inputs the cost view renders from.
-    kept = ("results.parquet", "results.csv", "run.json", "capacity_inputs.json")
+    # The run's inputs (its rows, run.json, the capacity inputs the cost view renders from) and
+    # its log, which rendering neither reads nor writes.
+    kept = ("results.parquet", "results.csv", "run.json", "capacity_inputs.json", "run.log")
     for rendered in copy.iterdir():
         if rendered.name not in kept:
             rendered.unlink()
