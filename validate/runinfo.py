@@ -15,6 +15,10 @@ Schema (``RUN_INFO_SCHEMA`` 1), one JSON object:
 - ``suite_version`` (pyproject.toml), ``git_commit`` and ``git_dirty`` (null outside a git
   checkout), ``started`` and ``finished`` (ISO 8601 UTC), ``exit_code`` (the one table in
   :mod:`validate.model`).
+- ``run_kind``: ``validation`` (``python -m validate run``/``fabric``) or ``drift`` (``python
+  -m validate drift``, whose ``checks`` are its performance checks): readers of a reports
+  root tell a node's validation verdicts from drift's measurements by it. A run.json written
+  before the field existed is a validation run's.
 
 The file is written by :func:`validate.report.write_report` and read back by
 :func:`read_run_info`; writing what was read gives the same bytes.
@@ -38,6 +42,9 @@ from validate.profiles import ProfileError
 
 RUN_INFO_FILE = "run.json"
 RUN_INFO_SCHEMA = 1
+RUN_KIND_VALIDATION = "validation"
+RUN_KIND_DRIFT = "drift"
+RUN_KINDS = (RUN_KIND_VALIDATION, RUN_KIND_DRIFT)
 SUITE_ROOT = Path(__file__).resolve().parent.parent
 # The inventory vars load_profile reads besides gpu_thresholds: nodes that agree on these and on
 # their profile name were judged against the same thresholds.
@@ -81,6 +88,7 @@ class RunInfo:
     started: str
     finished: str | None = None
     exit_code: int | None = None
+    run_kind: str = RUN_KIND_VALIDATION
     schema: int = RUN_INFO_SCHEMA
 
     def to_json(self) -> str:
@@ -187,6 +195,7 @@ def start(
     checks_requested: str | None,
     checks: Sequence[str],
     nodes: Sequence[Node],
+    run_kind: str = RUN_KIND_VALIDATION,
 ) -> RunInfo:
     """The record of a run about to start (``finished`` and ``exit_code`` come later)."""
     commit, dirty = git_state()
@@ -203,6 +212,7 @@ def start(
         git_commit=commit,
         git_dirty=dirty,
         started=now_utc(),
+        run_kind=run_kind,
     )
 
 
@@ -257,6 +267,11 @@ def from_json(text: str, where: str = RUN_INFO_FILE) -> RunInfo:
     except json.JSONDecodeError as exc:
         raise RunInfoError(f"{where}: not JSON: {exc}") from exc
     data = _checked(raw, _FIELDS, where)
+    kind = raw.get("run_kind", RUN_KIND_VALIDATION)
+    if kind not in RUN_KINDS:
+        raise RunInfoError(f"{where}: field 'run_kind': expected one of {', '.join(RUN_KINDS)}, "
+                           f"got {kind!r:.80}")
+    data["run_kind"] = kind
     if data["schema"] != RUN_INFO_SCHEMA:
         raise RunInfoError(f"{where}: schema {data['schema']} is not {RUN_INFO_SCHEMA}")
     profiles = []
