@@ -238,6 +238,17 @@ def _one_setting(nodes: Sequence[Node], var: str, value: Callable[[Node], str | 
     return values.pop() if values else None
 
 
+def inventory_settings(nodes: Sequence[Node], prefix: str | None = None,
+                       kubeconfig: Path | None = None) -> tuple[str, Path | None]:
+    """The label prefix (``prefix``, else the inventory's, checked) and the kubeconfig
+    (``kubeconfig``, else the inventory's, else None: KUBECONFIG / ~/.kube/config) the gate
+    works with. Raises GateError or ValueError naming the setting."""
+    prefix = check_prefix(prefix or _one_setting(nodes, desired.LABEL_PREFIX,
+                                                lambda n: n.desired.gate.label_prefix) or "")
+    config_var = _one_setting(nodes, desired.KUBECONFIG, lambda n: n.desired.gate.kubeconfig)
+    return prefix, kubeconfig or (Path(config_var).expanduser() if config_var else None)
+
+
 # -- the reconcile ----------------------------------------------------------------------------
 @dataclass
 class NodeOutcome:
@@ -321,12 +332,20 @@ def reconcile(api: NodeApi, identities: Sequence[NodeIdentity],
                       calls=dict(api.calls), skipped=skipped)
 
 
+def decide(node: Mapping[str, Any], identity: NodeIdentity, results: NodeResults,
+           prefix: str) -> tuple[Desired, NodePlan]:
+    """The gate's decision for one Node (the API's object) from one run's results: the verdict
+    and what the Node should carry, and the changes that would make it so. Pure: the gate acts
+    on it, drift's labels layer (validate/drift/labels.py) reports it. Raises IdentityError."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    wanted = desired_state(identity, results, prefix, gfd_of(labels))
+    return wanted, plan_node(node, wanted, prefix)
+
+
 def _gate_node(api: NodeApi, node: dict[str, Any], identity: NodeIdentity,
                results: NodeResults, prefix: str, dry_run: bool, outcome: NodeOutcome) -> None:
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        desired: Desired = desired_state(identity, results, prefix, gfd_of(labels))
-        plan: NodePlan = plan_node(node, desired, prefix)
+        desired, plan = decide(node, identity, results, prefix)
         outcome.verdict, outcome.codes = desired.verdict, list(desired.codes)
         outcome.reasons = list(desired.reasons)
         outcome.changes = [asdict(c) for c in plan.changes]
@@ -386,11 +405,7 @@ def cmd_gate(inventory: Path, run_dir: Path, *, limit: str | None, dry_run: bool
         nodes = load(inventory, limit)
         if not nodes:
             raise GateError(f"no GPU nodes in {inventory} match {limit!r}")
-        prefix = check_prefix(prefix or _one_setting(nodes, desired.LABEL_PREFIX,
-                                                    lambda n: n.desired.gate.label_prefix) or "")
-        config_var = _one_setting(nodes, desired.KUBECONFIG,
-                                  lambda n: n.desired.gate.kubeconfig)
-        config = kubeconfig or (Path(config_var).expanduser() if config_var else None)
+        prefix, config = inventory_settings(nodes, prefix, kubeconfig)
         identities, broken = [], []
         # load() has loaded every node's profile; one that broke since (the file changed) is
         # still that node's error and does not keep the others out.
