@@ -9,9 +9,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the lab needs on this machine (the lab hosts install their own).
 # debian-archive-keyring: debootstrap verifies bookworm and trixie against it. Open MPI and
-# mpi4py run the multi-node all_reduce_perf simulator in its unit tests.
+# mpi4py run the multi-node all_reduce_perf simulator in its unit tests. gcc and libc6-dev: the
+# kubelet is linked with cgo, as upstream links it (lab/kube/build.py).
 LAB_DEBS := debootstrap debian-archive-keyring systemd-container dpkg-dev gnupg openssh-client \
-	util-linux iproute2 openmpi-bin python3-mpi4py
+	util-linux iproute2 openmpi-bin python3-mpi4py gcc libc6-dev
 # The report page's browser test (tests/unit/test_report_browser.py) drives Debian's Chromium
 # through Playwright; Playwright's own browser download is never used.
 BROWSER_DEBS := chromium
@@ -23,12 +24,16 @@ PYTEST_ARGS ?=
 NODES ?= 8
 LAB_INOTIFY_INSTANCES := 1024
 
-.PHONY: help setup lint lint-tree lint-code unit lab-test test demo lab-up lab-down lab-status bench clean
+.PHONY: help setup lint lint-tree lint-code unit lab-test test demo lab-up lab-down lab-status bench docs clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(STAMP_PY) $(STAMP_DEBS) ## create .venv, install pinned Python deps and the lab's Debian packages
+setup: $(STAMP_PY) $(STAMP_DEBS) ## .venv, pinned Python deps, the lab's Debian packages, Kubernetes built from source
+	@# The pinned Kubernetes release and its etcd, built from the Go module proxy once per
+	@# machine into ~/.cache/gpuready/kube (lab/kube/build.py): about 15 minutes on 2 cores the
+	@# first time, nothing after that until lab/kube/go.mod or go.sum changes.
+	$(PY) -m lab.kube.build
 	@# Each booted lab host holds 8 inotify instances (lab/limits.py) and the largest test fleet
 	@# has 16: with the common default of 128 those alone would use all of them. Raised for this
 	@# boot only (not persisted); where it cannot be raised, `lab up` names the limit and refuses.
@@ -40,7 +45,7 @@ setup: $(STAMP_PY) $(STAMP_DEBS) ## create .venv, install pinned Python deps and
 
 $(STAMP_PY): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# uv installs the pinned requirements (README "Dependencies"): on the 2-core machine 2-7 s
+	@# uv installs the pinned requirements (docs/dependencies.md): on the 2-core machine 2-7 s
 	@# (its cache warm or cold) against 45-57 s for pip with its cache warm. uv itself is pinned
 	@# and comes from PyPI through the venv's pip.
 	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
@@ -64,7 +69,7 @@ $(STAMP_DEBS): Makefile
 	fi
 	mkdir -p .lab && touch $@
 
-lint: lint-tree lint-code ## ruff, mypy --strict (validate/), yamllint --strict, ansible-lint (production), reuse lint
+lint: lint-tree lint-code ## ruff, mypy --strict (validate/, tools/), yamllint --strict, ansible-lint (production), reuse lint
 
 lint-tree: $(STAMP_PY) ## the linters that find their files in the checkout: yamllint --strict, reuse lint, ansible-lint
 	$(VENV)/bin/yamllint --strict .
@@ -72,7 +77,7 @@ lint-tree: $(STAMP_PY) ## the linters that find their files in the checkout: yam
 	$(VENV)/bin/reuse lint --lines
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint -q
 
-lint-code: $(STAMP_PY) ## the linters of the project's Python: ruff, mypy --strict (validate/)
+lint-code: $(STAMP_PY) ## the linters of the project's Python: ruff, mypy --strict (validate/, tools/)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
@@ -113,6 +118,9 @@ demo: setup ## the whole pipeline on the lab, ending with a pointer to the repor
 
 bench: setup ## benchmarks (bench/*.py), ratios against baselines run side by side
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+
+docs: $(STAMP_PY) ## regenerate docs/roles.md from the roles' meta/argument_specs.yml
+	$(PY) -m tools.role_reference
 
 clean: lab-down ## stop the lab and remove generated reports (keeps the rootfs cache)
 	find reports -mindepth 1 -not -name README.md -exec rm -rf {} +

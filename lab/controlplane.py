@@ -1,7 +1,12 @@
 """The lab's Kubernetes control plane: control-plane hosts (inventory group
-``kube_control_plane``) and the SIMULATED API server that answers on the first one's address.
+``kube_control_plane``) and the API server that answers on the first one's address.
 
-No real kube-apiserver can run here, so ``lab up`` leaves the first control-plane host as
+A fleet says which (``kubernetes:`` in its file): ``real`` runs etcd, kube-apiserver and
+kube-controller-manager built from Kubernetes' sources in the control-plane host, set up by the
+real kubeadm (lab.kube.cluster); ``stand-in``, the default until the join role and the gate
+move to the real one, runs the SIMULATED API server described below.
+
+For the stand-in, ``lab up`` leaves the first control-plane host as
 ``kubeadm init`` would have, with the parts the join needs: the cluster CA
 (``/etc/kubernetes/pki/ca.crt``), ``/etc/kubernetes/admin.conf`` and ``kubeadm``; and it runs
 the stand-in (``python -m lab.apiserver serve``) on this machine, listening on that host's
@@ -22,13 +27,15 @@ from pathlib import Path
 
 from lab.apiserver import server
 from lab.errors import LabError
-from lab.fleet import CONTROL_PLANE, LabHost
-from lab.hosts import pid_alive
+from lab.fleet import CONTROL_PLANE, REAL, LabHost
+from lab.hosts import leader_pid, pid_alive
+from lab.kube import build, cluster, node
 from lab.paths import REPO_ROOT, LabPaths
 
 API_PORT = 6443
 KUBE_VERSION = server.KUBE_VERSION
 START_TIMEOUT_S = 20.0
+BOOT_TIMEOUT_S = cluster.START_TIMEOUT_S
 
 
 def state_dir(paths: LabPaths) -> Path:
@@ -46,6 +53,20 @@ def audit_log(paths: LabPaths) -> Path:
 def control_plane(hosts: list[LabHost] | tuple[LabHost, ...]) -> LabHost | None:
     """The host the API server answers on: the first of the control plane."""
     return next((h for h in hosts if h.kind == CONTROL_PLANE), None)
+
+
+def _real(hosts: list[LabHost] | tuple[LabHost, ...]) -> LabHost | None:
+    """The control-plane host, when the fleet runs the real control plane."""
+    cp = control_plane(hosts)
+    return cp if cp is not None and cp.kubernetes == REAL else None
+
+
+def nspawn_args(host: LabHost) -> tuple[str, ...]:
+    """What a host of a real-Kubernetes fleet needs of systemd-nspawn: the built binaries
+    (read-only; the control plane runs them, nodes install them)."""
+    if host.kubernetes == REAL:
+        return tuple(cluster.nspawn_args(build.ensure_built()))
+    return ()
 
 
 def kubeconfig(server_url: str, ca_pem: bytes, token: str) -> str:
@@ -68,7 +89,7 @@ def _write_private(path: Path, text: str) -> None:
 def init(paths: LabPaths, hosts: list[LabHost]) -> None:
     """A new cluster for a fleet with a control plane: PKI, objects, admin kubeconfig."""
     cp = control_plane(hosts)
-    if cp is None:
+    if cp is None or cp.kubernetes == REAL:  # the real one is made in its booted host
         return
     state = state_dir(paths)
     state.mkdir(parents=True, exist_ok=True)
@@ -82,6 +103,13 @@ def provision(paths: LabPaths, hosts: list[LabHost]) -> None:
     """Put on each control-plane host what kubeadm init leaves there (before it boots)."""
     cp = control_plane(hosts)
     if cp is None:
+        return
+    if cp.kubernetes == REAL:
+        cluster.provision(paths.host_dir(cp.name) / "merged", cp,
+                          build.read_go_mod().kubernetes_version)
+        for host in hosts:
+            if host.kind != CONTROL_PLANE:
+                node.provision(paths.host_dir(host.name) / "merged")
         return
     ca_pem = (state_dir(paths) / "pki" / "ca.crt").read_bytes()
     admin = admin_kubeconfig(paths).read_text()
@@ -114,10 +142,23 @@ def pid(paths: LabPaths) -> int | None:
     return found if pid_alive(found) else None
 
 
+def boot(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...],
+         deadline: float) -> dict[str, float]:
+    """Once the hosts have booted: the real control plane's kubeadm init phases and units."""
+    cp = _real(hosts)
+    if cp is None:
+        return {}
+    return cluster.init(paths, cp, deadline)
+
+
 def start(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...]) -> int | None:
-    """Start the API server (if the fleet has a control plane); its pid."""
+    """Start the API server (if the fleet has a control plane); the stand-in's pid."""
     cp = control_plane(hosts)
     if cp is None:
+        return None
+    if cp.kubernetes == REAL:  # again, after stop(); before `boot` there is nothing to start
+        if admin_kubeconfig(paths).exists() and not cluster.is_active(paths, cp):
+            cluster.systemctl(paths, cp, "start", "kube-apiserver")
         return None
     running = pid(paths)
     if running is not None:
@@ -139,8 +180,15 @@ def start(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...]) -> int | 
     return proc.pid
 
 
-def stop(paths: LabPaths) -> bool:
-    """Stop the API server; True if one was running. Its state stays for the next start."""
+def stop(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...] = ()) -> bool:
+    """Stop the API server; True if one was running. Its state stays for the next start.
+    The real one (given the fleet's ``hosts``) stops its unit, and goes with its host."""
+    cp = _real(hosts)
+    if cp is not None:
+        if hosts_running(paths, cp) and cluster.is_active(paths, cp):
+            cluster.systemctl(paths, cp, "stop", "kube-apiserver")
+            return True
+        return False
     found = pid(paths)
     if found is None:
         return False
@@ -154,10 +202,20 @@ def stop(paths: LabPaths) -> bool:
     return True
 
 
+def hosts_running(paths: LabPaths, host: LabHost) -> bool:
+    return leader_pid(paths, host.name) is not None
+
+
 def status_lines(paths: LabPaths, hosts: tuple[LabHost, ...]) -> list[str]:
     cp = control_plane(hosts)
     if cp is None:
         return []
+    if cp.kubernetes == REAL:
+        up = hosts_running(paths, cp) and cluster.is_active(paths, cp)
+        version = build.read_go_mod().kubernetes_version
+        return [f"kubernetes: https://{cp.address}:{API_PORT} on {cp.name} (kube-apiserver "
+                f"{version} built from source, set up by kubeadm; "
+                f"{'running' if up else 'stopped'}); kubeconfig: {admin_kubeconfig(paths)}"]
     running = pid(paths)
     state = f"running, pid {running}" if running else "stopped"
     return [f"kubernetes: https://{cp.address}:{API_PORT} on {cp.name} (SIMULATED "

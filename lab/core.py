@@ -149,7 +149,8 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
             state = replace(state, repo_pid=repo.start_server(paths, repo_port))
             save_state(paths, state)
             controlplane.init(paths, hosts)
-            known = [hosts_mod.prepare(paths, h, cached[h.os], pubkey) for h in hosts]
+            known = [hosts_mod.prepare(paths, h, cached[h.os], pubkey,
+                                       nspawn_args=controlplane.nspawn_args(h)) for h in hosts]
             paths.known_hosts.write_text("".join(known))
             controlplane.provision(paths, hosts)
             controlplane.start(paths, hosts)
@@ -168,6 +169,7 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
                                f"{', '.join(late)} (logs kept in {paths.root}/last-failure/)")
             for h in hosts:
                 apply_runtime_faults(paths, h.name, h.faults, deadline)
+            controlplane.boot(paths, hosts, time.monotonic() + controlplane.BOOT_TIMEOUT_S)
             inventory.write(paths, hosts, repo_port,
                             repo_key_fingerprint=repo.key_fingerprint(paths))
         except BaseException:
@@ -271,7 +273,7 @@ def _teardown(paths: LabPaths, state: LabState) -> int:
         hosts_mod.wait_stopped(paths, h.name, deadline)
         hosts_mod.unmount(paths, h.name)
     repo.stop_server(state.repo_pid)
-    controlplane.stop(paths)
+    controlplane.stop(paths)  # the stand-in; the real control plane halted with its host
     inventory.remove(paths)
     _cleanup_leftovers(paths)
     return stopped

@@ -9,6 +9,8 @@ Schema (``lab/fleets/<name>.yml``)::
       - {name: node2, pool: pool_h100_sxm, os: debian-13}
     control_plane:              # optional: Kubernetes control-plane hosts (no GPUs), group
       - {name: cp1}             # kube_control_plane; the lab's API server answers on the first
+    kubernetes: stand-in        # or real: the API server there (lab.controlplane), and lab hosts
+                                # that can run a real kubelet (lab.kube.node)
 
 ``os`` (per pool, or per host overriding its pool's) is one of ``lab.rootfs.OSES``; default
 debian-12 (control-plane hosts too). Each OS boots from its own cached rootfs.
@@ -47,6 +49,12 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 GPU_NODE = "gpu"
 CONTROL_PLANE = "control-plane"
 CONTROL_PLANE_GROUP = "kube_control_plane"
+# What answers on a control-plane host: the SIMULATED API server (lab/apiserver), or real
+# etcd, kube-apiserver and kube-controller-manager set up by the real kubeadm in the host
+# (lab/kube). The stand-in stays the default until the join role and the gate move over.
+STAND_IN = "stand-in"
+REAL = "real"
+KUBERNETES_KINDS = (STAND_IN, REAL)
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class LabHost:
     faults: tuple[str, ...] = field(default_factory=tuple)
     os: str = DEFAULT_OS
     kind: str = GPU_NODE
+    kubernetes: str = STAND_IN  # the fleet's control plane (REAL: its hosts can run kubelets)
 
 
 def address_for(position: int) -> str:
@@ -93,6 +102,10 @@ def load_fleet(name_or_path: str = "default", nodes: int | None = None,
         raise LabError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("pools"), dict) or not data["pools"]:
         raise LabError(f"{path}: needs a non-empty 'pools' mapping")
+    kubernetes = data.get("kubernetes", STAND_IN)
+    if kubernetes not in KUBERNETES_KINDS:
+        raise LabError(f"{path}: kubernetes: {kubernetes!r} is not one of "
+                       f"{', '.join(KUBERNETES_KINDS)}")
     pools: dict[str, str] = {}
     pool_os: dict[str, str] = {}
     for pool, spec in data["pools"].items():
@@ -137,7 +150,7 @@ def load_fleet(name_or_path: str = "default", nodes: int | None = None,
         host_os = _check_os(path, f"host '{name}'", entry.get("os", pool_os[pool]))
         hosts.append(LabHost(name=name, pool=pool, hw_profile=hw_profile,
                              address=address_for(position), port=port, faults=faults,
-                             os=host_os))
+                             os=host_os, kubernetes=kubernetes))
     for entry in data.get("control_plane") or []:
         name = str(entry.get("name", "")) if isinstance(entry, dict) else ""
         if not _NAME_RE.match(name):
@@ -148,7 +161,9 @@ def load_fleet(name_or_path: str = "default", nodes: int | None = None,
         seen.add(name)
         hosts.append(LabHost(name=name, pool=CONTROL_PLANE_GROUP, hw_profile="",
                              address=address_for(len(hosts) + 1), port=port,
-                             kind=CONTROL_PLANE))
+                             kind=CONTROL_PLANE, kubernetes=kubernetes))
+    if kubernetes == REAL and not any(h.kind == CONTROL_PLANE for h in hosts):
+        raise LabError(f"{path}: kubernetes: real needs a control_plane host to run it on")
     return hosts
 
 

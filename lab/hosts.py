@@ -54,8 +54,10 @@ def lab_mounts(paths: LabPaths) -> list[str]:
         return [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
 
 
-def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str) -> str:
-    """Make the host's overlay and identity; return its known_hosts line."""
+def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str,
+            nspawn_args: tuple[str, ...] = ()) -> str:
+    """Make the host's overlay and identity; return its known_hosts line. ``nspawn_args``:
+    what this host needs of systemd-nspawn beyond the lab's default (lab.supervisor)."""
     hdir = paths.host_dir(host.name)
     for sub in ("upper", "work", "merged", "hw"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
@@ -72,7 +74,7 @@ def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str) -> str:
     _write_json_atomic(hdir / "spec.json", {
         "name": host.name, "address": host.address, "port": str(host.port),
         "pool": host.pool, "hw_profile": host.hw_profile, "os": host.os,
-        "sim_dir": str(paths.sim_dir),
+        "sim_dir": str(paths.sim_dir), "nspawn_args": list(nspawn_args),
     })
 
     etc = merged / "etc"

@@ -6,7 +6,7 @@ host's systemd, journald, logind and dbus create inotify instances; past the mac
 ``fs.inotify.max_user_instances`` the next ones fail with "Failed to create inotify object: Too
 many open files" on the host's console, and the host never finishes booting).
 
-Per-host figures are measured on a booted debian-12 lab host (README "The lab's limit"):
+Per-host figures are measured on a booted debian-12 lab host (docs/lab.md, "The lab's limit"):
 inotify instances the host's processes hold, and the memory it adds. Every instance the
 machine's user already holds (other labs, desktop tools) counts against the same limit, so the
 figure compared is what is left.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lab.errors import LabError
 
-# Measured on booted debian-12 lab hosts, idle and converged alike (README "The lab's limit"):
+# Measured on booted debian-12 lab hosts, idle and converged alike (docs/lab.md, "The lab's limit"):
 # the host's systemd holds 5, dbus-daemon, systemd-logind and agetty 1 each; systemd-nspawn and
 # the supervisor none.
 INOTIFY_PER_HOST = 8

@@ -19,12 +19,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REBOOT_STATUS = 133
 HALT_GRACE_S = 20.0
 
 
-def nspawn_argv(host_dir: Path, spec: dict[str, str]) -> list[str]:
+def nspawn_argv(host_dir: Path, spec: dict[str, Any]) -> list[str]:
     return [
         "systemd-nspawn",
         "--quiet",
@@ -40,6 +41,9 @@ def nspawn_argv(host_dir: Path, spec: dict[str, str]) -> list[str]:
         "--timezone=off",
         "--link-journal=no",
         "--console=read-only",
+        # What a host needs of nspawn beyond the default (a Kubernetes node's kubelet: writable
+        # cgroups, /dev/kmsg); lab.hosts.prepare decides it per host.
+        *spec.get("nspawn_args", []),
     ]
 
 
@@ -49,14 +53,38 @@ def cgroup_tag(host_dir: Path, name: str) -> str:
 
 
 def cgroup_roots() -> list[Path]:
-    """The cgroup hierarchies systemd-nspawn uses: cgroup2 and the named systemd one."""
+    """Where this process's per-host cgroup goes in each hierarchy: the root of cgroup2 and of
+    the named systemd hierarchy (what systemd-nspawn uses), and this process's own cgroup in
+    each cgroup v1 controller hierarchy (memory, cpu, ...), so that a host's kubelet writes
+    only below the host's own cgroups and stays within any limit this process runs under."""
+    current: dict[str, str] = {}
+    with open("/proc/self/cgroup") as own:
+        for line in own:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for controller in controllers.split(","):
+                current[controller] = path
     roots = []
     with open("/proc/self/mounts") as mounts:
         for line in mounts:
             _, target, fstype, options = line.split()[:4]
             if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options):
                 roots.append(Path(target))
+            elif fstype == "cgroup":
+                mine = {current[o] for o in options.split(",") if o in current}
+                if len(mine) == 1:
+                    roots.append(Path(target) / mine.pop().lstrip("/"))
     return roots
+
+
+def _make_cgroup(cgroup: Path) -> None:
+    """mkdir -p, giving each new cpuset cgroup its parent's CPUs and memory nodes (a v1 cpuset
+    cgroup starts with none, and nothing can join it until it has some)."""
+    missing = [p for p in (cgroup, *cgroup.parents) if not p.exists()]
+    for path in reversed(missing):
+        path.mkdir()
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            if (path / knob).exists() and not (path / knob).read_text().strip():
+                (path / knob).write_text((path.parent / knob).read_text())
 
 
 def _enter_own_cgroup(tag: str) -> list[Path]:
@@ -67,7 +95,7 @@ def _enter_own_cgroup(tag: str) -> list[Path]:
     for root in cgroup_roots():
         cgroup = root / "gpuready-lab" / tag
         try:
-            cgroup.mkdir(parents=True, exist_ok=True)
+            _make_cgroup(cgroup)
             (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
         except OSError as exc:
             print(f"[gpuready lab] cannot use cgroup {cgroup}: {exc}", file=sys.stderr,

@@ -255,7 +255,7 @@ class HostileSSHServer:
         record = {"t": time.time(), "endpoint": ep.name, "event": kind, **data}
         with self._cond:
             self._events.append(record)
-            if self._events_file is not None:
+            if self._events_file is not None:  # None once stopped (a last "disconnect")
                 self._events_file.write(json.dumps(record) + "\n")
                 self._events_file.flush()
             self._cond.notify_all()
@@ -307,8 +307,10 @@ class HostileSSHServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if self._events_file is not None:
-            self._events_file.close()
+        with self._cond:
+            if self._events_file is not None:
+                self._events_file.close()
+                self._events_file = None
 
     def __enter__(self) -> HostileSSHServer:
         return self.start()

@@ -15,7 +15,9 @@ from lab.scale.plan import Endpoint
 WHOLE_NODE = {
     "refuse": ("error", "host.unreachable"),  # TCP connection refused
     "drop": ("error", "host.unresponsive"),  # connection cut mid-output
-    "stall": ("error", "tool.timeout"),  # every tool hangs until the wrapper's timeout
+    # every command hangs until the wrapper's timeout, the liveness probe (`true`) too: the node
+    # has stopped answering, and its first timed-out check and all after it say so (issue 28)
+    "stall": ("error", "host.unresponsive"),
 }
 # At least one row of such a node has this status and code, and no row errs.
 FAULT = {

@@ -7,10 +7,15 @@ NVML clock event reasons, the fabric manager guide, nccl-tests' and NCCL's own d
 systemd's manuals, and, for the suite's own codes (transport, profile, inventory), this suite's
 documented behaviour.
 
-Schema: ``ACTIONS: dict[code, Action(meaning, action, source, url)]`` for fixed codes, plus two
-families resolved by :func:`action_for`: ``gpu.xid.<n>`` (the Xid catalog) and
+Schema: ``ACTIONS: dict[code, Action(meaning, action, source, hardware_fault)]`` for fixed
+codes, plus two families resolved by :func:`action_for`: ``gpu.xid.<n>`` (the Xid catalog) and
 ``gpu.throttle.<reason>`` (NVML clock event reasons). ``action_for`` returns ``None`` for a
 code nobody catalogued; the report then says so instead of guessing.
+
+``hardware_fault`` marks the faults a clean run does not clear: the GPU or board needs a person
+(reseat, replace, RMA) even when the next run passes, as after Xid 79 (fallen off the bus) or a
+failed row remap. The gate quarantines a node with such a code until an operator releases it
+(:func:`is_hardware_fault`, validate/gate.py).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Action:
     meaning: str
     action: str
     source: Source
+    hardware_fault: bool = False
 
 
 XID_CATALOG = Source("NVIDIA: Analyzing Xid Errors with the Xid Catalog", xid_catalog.CATALOG_URL)
@@ -82,7 +88,7 @@ SYSTEMCTL = Source(
     "systemctl(1)", "https://www.freedesktop.org/software/systemd/man/latest/systemctl.html"
 )
 OPENSSH = Source("ssh(1): verifying host keys", "https://man.openbsd.org/ssh#VERIFYING_HOST_KEYS")
-SUITE = Source("gpuready README: Validators (this suite's own behaviour)")
+SUITE = Source("gpuready docs/validators.md (this suite's own behaviour)")
 
 _DRAIN = "Drain the node (kubectl drain) before touching the GPU"
 
@@ -141,6 +147,14 @@ ACTIONS: dict[str, Action] = {
         "Read the tool's last lines in the detail and run the same command on the node.",
         SUITE,
     ),
+    "tool.implausible": Action(
+        "A tool finished but its figure cannot be a measurement: fewer bytes moved than asked, "
+        "less time than the floor, or more than the hardware can carry. Nothing was judged.",
+        "Run the command from the detail on the node by hand; a clock that jumped, a "
+        "filesystem that dropped the data or a tool that lies needs fixing before the figure "
+        "means anything.",
+        SUITE,
+    ),
     "tool.parse_error": Action(
         "A tool printed something the parser does not recognise.",
         "Compare the tool's version on the node with the pinned one (gpu_validation_tools role); "
@@ -189,6 +203,13 @@ ACTIONS: dict[str, Action] = {
         "node's local NVMe mount.",
         SUITE,
     ),
+    "gpu.xid.journal_unreadable": Action(
+        "journalctl could not read the system journal (no journal files, or a login user "
+        "outside the adm/systemd-journal groups), so no Xid event could be seen.",
+        "Log in as root or set ansible_become (sudo -n) for the validators, and make sure "
+        "systemd-journald runs on the node and keeps the kernel log.",
+        SUITE,
+    ),
     "storage.no_space": Action(
         "The scratch path has less free space than the test needs (size x 1.1 + 256 MiB).",
         "Free space on that mount or point the check at a larger one.",
@@ -218,6 +239,7 @@ ACTIONS: dict[str, Action] = {
         f"{_DRAIN}; look for Xid 79 (fallen off the bus) in the kernel log and for the GPU in "
         "`lspci -d 10de:`; reboot once, then reseat or replace with the vendor if it stays gone.",
         DEBUG_GUIDE,
+        hardware_fault=True,
     ),
     "gpu.count.extra": Action(
         "More GPUs than the profile expects: the node is probably in the wrong pool.",
@@ -269,6 +291,7 @@ ACTIONS: dict[str, Action] = {
         f"{_DRAIN} and take it out of service: NVIDIA's RMA policy treats a remapping failure "
         "as grounds to replace the GPU.",
         MEMORY_ERRORS,
+        hardware_fault=True,
     ),
     "gpu.ecc.retired_pending": Action(
         "Pages are marked for retirement that only takes effect after a reset.",
@@ -336,6 +359,7 @@ ACTIONS: dict[str, Action] = {
         f"{_DRAIN} at once; run DCGM diagnostics (dcgmi diag -r 3) to find the GPU, and replace "
         "it.",
         DCGM_DIAG,
+        hardware_fault=True,
     ),
     "nccl.allreduce.incomplete": Action(
         "all_reduce_perf printed no result at the tested size.",
@@ -407,6 +431,12 @@ _THROTTLE: dict[str, tuple[str, str]] = {
 }
 
 
+# Xids whose catalog action is hardware work, not a reset: 79 (fallen off the bus: RESTART_BM,
+# then PCIe, power and thermals, replace if it recurs) and 64 (row remapping or page retirement
+# failed: the GPU likely needs replacement).
+HARDWARE_FAULT_XIDS = frozenset({64, 79})
+
+
 def action_for(code: str) -> Action | None:
     """The catalogued action for ``code``, or None when nobody catalogued it."""
     if code in ACTIONS:
@@ -414,7 +444,8 @@ def action_for(code: str) -> Action | None:
     family, _, tail = code.rpartition(".")
     if family == "gpu.xid" and tail.isdigit():
         info = xid_catalog.lookup(int(tail))
-        return Action(f"Xid {tail}: {info.summary} ({info.severity}).", info.action, XID_CATALOG)
+        return Action(f"Xid {tail}: {info.summary} ({info.severity}).", info.action, XID_CATALOG,
+                      hardware_fault=int(tail) in HARDWARE_FAULT_XIDS)
     if family == "gpu.throttle":
         meaning, action = _THROTTLE.get(
             tail,
@@ -422,3 +453,9 @@ def action_for(code: str) -> Action | None:
         )
         return Action(meaning, action, CLOCK_REASONS)
     return None
+
+
+def is_hardware_fault(code: str) -> bool:
+    """Whether the catalogue marks ``code`` as a hardware fault (quarantine until released)."""
+    action = action_for(code)
+    return action is not None and action.hardware_fault

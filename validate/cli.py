@@ -9,6 +9,7 @@ call it in-process with their own streams; a closed or broken stream never stops
                            [--concurrency N] [--timeout S] [--node-deadline S]
                            [--ssh-timeout S] [--max-output-mib N] [--run-id ID]
                            [--accept-unknown-host-keys]
+                           (run.log in the run directory keeps warnings and paramiko's log)
     python -m validate fabric -i <inventory> [--limit PATTERN] [--out DIR] [--concurrency N]
                            multi-node NCCL between node pairs (fabric.nccl_pair) only
     python -m validate parse <format> <file>     parsed records as JSON on stdout
@@ -16,6 +17,7 @@ call it in-process with their own streams; a closed or broken stream never stops
     python -m validate checks                    list check ids
     python -m validate gate -i <inventory> [--run DIR] [--dry-run]   label and admit nodes
                                                  (validate/gate.py)
+    python -m validate gate -i <inventory> --release NODE --reason TEXT   end a quarantine
     python -m validate drift -i <inventory> ...  read-only drift check (validate/drift/cli.py)
     python -m validate history <reports root>    figures over past runs, against baselines
 """
@@ -29,7 +31,6 @@ import enum
 import io
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -39,8 +40,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO, cast
 
+from validate import argtypes, cost, fabric, gate, runinfo, runner
 from validate import checks as check_registry
-from validate import cost, fabric, gate, runinfo, runner
 from validate.drift import cli as drift_cli
 from validate.history import HistoryError
 from validate.inventory import InventoryError, Node, load
@@ -120,35 +121,37 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     p = _Parser(prog="python -m validate", description="gpuready GPU node validators")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run checks on the inventory's GPU nodes")
-    r.add_argument("-i", "--inventory", required=True, type=Path)
+    r.add_argument("-i", "--inventory", required=True, type=argtypes.path)
     r.add_argument("-l", "--limit", help="Ansible host pattern")
     r.add_argument("--checks", help="comma-separated check ids or patterns (gpu.*)")
-    r.add_argument("--out", type=Path, default=DEFAULT_OUT, help="reports root directory")
-    r.add_argument("--concurrency", type=_positive_int, default=16)
+    r.add_argument("--out", type=argtypes.path, default=DEFAULT_OUT,
+                   help="reports root directory")
+    r.add_argument("--concurrency", type=argtypes.count(1, argtypes.MAX_CONCURRENCY), default=16)
     r.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=argtypes.seconds(argtypes.MAX_COMMAND_TIMEOUT_S),
         default=60.0,
         help="default per-command timeout in seconds (benchmarks have their own)",
     )
     r.add_argument(
         "--node-deadline",
-        type=_positive_seconds,
+        type=argtypes.seconds(argtypes.MAX_NODE_DEADLINE_S),
         default=runner.DEFAULT_NODE_DEADLINE_S,
         help="seconds one node may take in all; then its remaining checks are not run "
         "(host.deadline) (default: %(default)g)",
     )
     r.add_argument(
         "--ssh-timeout",
-        type=_positive_seconds,
+        type=argtypes.seconds(argtypes.MAX_STEP_TIMEOUT_S),
         default=10.0,
         help="seconds each step of the SSH conversation may take: connect, banner, key "
-        "exchange, authentication, channel open, exec request, keepalive answer "
-        "(default: %(default)g)",
+        "exchange, authentication, channel open, exec request, keepalive answer; also how "
+        "long `true` may take when a command nears its timeout: a node that answers neither "
+        "has stopped answering (host.unresponsive) (default: %(default)g)",
     )
     r.add_argument(
         "--max-output-mib",
-        type=_positive_seconds,
+        type=argtypes.mib(argtypes.MAX_OUTPUT_MIB),
         default=DEFAULT_MAX_OUTPUT_BYTES / 2**20,
         help="output one command may print (stdout and stderr together) before it is killed "
         "and its check is an error (default: %(default)g)",
@@ -167,10 +170,12 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
         "fabric",
         help="multi-node NCCL between node pairs of each pool (fabric.nccl_pair), suspect/confirm",
     )
-    fb.add_argument("-i", "--inventory", required=True, type=Path)
+    fb.add_argument("-i", "--inventory", required=True, type=argtypes.path)
     fb.add_argument("-l", "--limit", help="Ansible host pattern")
-    fb.add_argument("--out", type=Path, default=DEFAULT_OUT, help="reports root directory")
-    fb.add_argument("--concurrency", type=int, default=8, help="pair runs at a time")
+    fb.add_argument("--out", type=argtypes.path, default=DEFAULT_OUT,
+                    help="reports root directory")
+    fb.add_argument("--concurrency", type=argtypes.count(1, argtypes.MAX_CONCURRENCY), default=8,
+                    help="pair runs at a time")
     fb.add_argument("--run-id", help="defaults to the UTC time")
     fb.add_argument(
         "--accept-unknown-host-keys",
@@ -179,43 +184,80 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
     )
     ps = sub.add_parser("parse", help="parse a captured tool output and print JSON")
     ps.add_argument("format", choices=sorted(PARSERS))
-    ps.add_argument("file", type=Path)
+    ps.add_argument("file", type=argtypes.path)
     rp = sub.add_parser("report", help="render a run directory's report again")
-    rp.add_argument("run_dir", type=Path)
+    rp.add_argument("run_dir", type=argtypes.path)
     ck = sub.add_parser("checks", help="list the check ids")
     gt = sub.add_parser("gate", help="label and admit (or keep out) nodes from a validation run")
-    gt.add_argument("-i", "--inventory", required=True, type=Path)
-    gt.add_argument("--run", type=Path, default=DEFAULT_OUT / "latest",
+    gt.add_argument("-i", "--inventory", required=True, type=argtypes.path)
+    gt.add_argument("--run", type=argtypes.path, default=DEFAULT_OUT / "latest",
                     help="the run directory (default: reports/latest)")
     gt.add_argument("-l", "--limit", help="Ansible host pattern")
     gt.add_argument("--dry-run", action="store_true", help="print the changes, make none")
-    gt.add_argument("--kubeconfig", type=Path,
+    gt.add_argument("--kubeconfig", type=argtypes.path,
                     help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
     gt.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
-    for parser in (p, r, ps, rp, ck, gt, *drift_cli.add_parsers(sub, DEFAULT_OUT)):
+    gt.add_argument("--log", type=argtypes.path,
+                    help="the gate's log, one JSON line per gate run and release (default: "
+                         "gate.log beside the run directory, in the reports root)")
+    gt.add_argument("--release", metavar="NODE",
+                    help="lift NODE's quarantine (a hardware fault); needs --reason. The node "
+                         "stays tainted until a fresh, complete passing run is gated")
+    gt.add_argument("--reason", help="why the quarantined node may go back (with --release)")
+    for parser in (p, r, fb, ps, rp, ck, gt, *drift_cli.add_parsers(sub, DEFAULT_OUT)):
         parser.streams = (stdout, stderr)
     return p
 
 
-def _positive_seconds(text: str) -> float:
-    """argparse type: a finite number > 0 (float() also reads "nan" and "inf")."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text!r}")
-    return value
+RUN_LOG_FILE = "run.log"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {text!r}")
-    return value
+class _RunLog(logging.Handler):
+    """The run's log file (``run.log`` in its run directory): warnings of the suite and
+    everything paramiko logs. paramiko logs a traceback for each peer that does not speak SSH
+    (22 lines per host), from its own threads; those belong in the run's record, not on the
+    terminal, which shows the rows. Between runs (and before a run has its directory) records
+    are dropped here; the suite's own warnings still reach stderr through the root logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s [%(threadName)s]: %(message)s"))
+        self._file: TextIO | None = None
+
+    def open(self, path: Path) -> None:
+        with self.lock:  # type: ignore[union-attr]  # created by Handler.__init__
+            self.close_file()
+            with contextlib.suppress(OSError):  # an unwritable log must not stop the run
+                self._file = path.open("a", encoding="utf-8")
+
+    def close_file(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            if self._file is not None:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._file = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(self.format(record) + "\n")
+            self._file.flush()
+        except (OSError, ValueError):  # a full disk loses the log line, not the run
+            pass
+
+
+_RUN_LOG = _RunLog()
+
+
+def _route_logs() -> None:
+    """paramiko's records go to the run's log only; the suite's to stderr and the run's log."""
+    library = logging.getLogger("paramiko")
+    library.propagate = False
+    for logger in (library, logging.getLogger()):
+        if _RUN_LOG not in logger.handlers:
+            logger.addHandler(_RUN_LOG)
 
 
 class _Failed(Exception):
@@ -264,6 +306,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[s
     # Before the first connection: an unusable --out must not cost a fleet's worth of checks.
     doing.append(f"reserving the run directory in {args.out}")
     pending = start_run(args.out, args.run_id, runner.new_run_id)
+    _RUN_LOG.open(pending.partial_dir / RUN_LOG_FILE)
     run_id = pending.run_id
     environment = _environment(nodes)
     stderr.write(f"gpuready run {run_id}: {len(nodes)} nodes x "
@@ -303,6 +346,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[s
                     concurrency=args.concurrency,
                     default_timeout_s=args.timeout,
                     node_deadline_s=args.node_deadline,
+                    probe_timeout_s=args.ssh_timeout,
                     progress=progress,
                     on_node_done=keep,
                     control=control,
@@ -429,6 +473,7 @@ def _cmd_fabric(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
         return ExitCode.USAGE_OR_TOOL_ERROR
     _check_fabric_inputs(nodes)
     pending = start_run(args.out, args.run_id, runner.new_run_id)
+    _RUN_LOG.open(pending.partial_dir / RUN_LOG_FILE)
     run_id = pending.run_id
     environment = _environment(nodes)
     stderr.write(f"gpuready fabric run {run_id}: {len(nodes)} nodes"
@@ -457,6 +502,25 @@ def _check_fabric_inputs(nodes: Sequence[Node]) -> None:
     for node in nodes:
         fabric.nccl_env(node)
         fabric.mpi_mca(node)
+
+
+def _cmd_gate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    if args.release is None:
+        if args.reason is not None:
+            stderr.write("error: --reason goes with --release NODE\n")
+            return ExitCode.USAGE_OR_TOOL_ERROR
+        return gate.cmd_gate(args.inventory, args.run, limit=args.limit, dry_run=args.dry_run,
+                             kubeconfig=args.kubeconfig, prefix=args.prefix, stdout=stdout,
+                             stderr=stderr, log=args.log)
+    if args.reason is None:
+        stderr.write("error: --release needs --reason TEXT (why the node may go back)\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    if args.limit is not None:
+        stderr.write("error: --release names its node; --limit does not apply\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+    return gate.cmd_release(args.inventory, args.release, args.reason, run_dir=args.run,
+                            dry_run=args.dry_run, kubeconfig=args.kubeconfig,
+                            prefix=args.prefix, stdout=stdout, stderr=stderr, log=args.log)
 
 
 def _cmd_parse(args: argparse.Namespace, stdout: TextIO) -> int:
@@ -567,6 +631,7 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
     logging.basicConfig(
         level=logging.WARNING, stream=err, format="%(levelname)s %(name)s: %(message)s"
     )
+    _route_logs()
     try:
         args = _build_parser(out, err).parse_args(list(sys.argv[1:] if argv is None else argv))
         if args.cmd == "run":
@@ -578,9 +643,7 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
         if args.cmd == "report":
             return int(_cmd_report(args, out, err))
         if args.cmd == "gate":
-            return int(gate.cmd_gate(args.inventory, args.run, limit=args.limit,
-                                     dry_run=args.dry_run, kubeconfig=args.kubeconfig,
-                                     prefix=args.prefix, stdout=out, stderr=err))
+            return int(_cmd_gate(args, out, err))
         if args.cmd == "drift":
             return int(drift_cli.cmd_drift(args, out, err))
         if args.cmd == "history":
@@ -610,3 +673,5 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
         cmd = " ".join(str(a) for a in (argv if argv is not None else sys.argv[1:])[:1])
         err.write(f"error: internal error in 'validate {cmd}': {type(exc).__name__}: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
+    finally:
+        _RUN_LOG.close_file()

@@ -9,7 +9,9 @@ Per pool, from one run's results (and the runs before it in the same reports dir
 - GPUs out, per node with its fault codes (the codes of its fail/error rows).
 - GPU-hours lost to failed validation: for each node out, its GPUs x the hours from the first
   run of its current failing streak (the earliest run after the last one that accepted it; runs
-  that did not include the node do not break the streak) to this run.
+  that did not include the node do not break the streak) to this run. Only validation runs
+  count (validate/runinfo.py's ``run_kind``): a drift run's performance rows neither accept a
+  node nor break its streak.
 - Effective cost per accepted GPU-hour, the seed's formula per hour::
 
       (compute + network + storage + support + idle + failed_runs + operations) / accepted GPUs
@@ -45,6 +47,7 @@ from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 
+from validate import runinfo
 from validate.inventory import Node
 from validate.model import Status
 from validate.profiles import ProfileError, load_profile
@@ -210,13 +213,15 @@ def _node_status(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def history(out_root: Path, run_time: str, exclude: Path | None = None) -> pd.DataFrame:
-    """``node, out, time`` per node of every earlier run in ``out_root`` (a run's time is its
-    last row's), runs after ``run_time`` left out."""
+    """``node, out, time`` per node of every earlier validation run in ``out_root`` (a run's
+    time is its last row's), runs after ``run_time`` and drift runs left out."""
     frames = []
     for results in sorted(out_root.glob("*/results.parquet")):
         if exclude is not None and results.parent.resolve() == exclude.resolve():
             continue
         if results.parent.is_symlink():  # reports/latest
+            continue
+        if runinfo.run_kind(results.parent) != runinfo.VALIDATION:
             continue
         try:
             df = pd.read_parquet(results, columns=["node", "status", "time"])

@@ -1,11 +1,12 @@
 """What the inventory declares for one GPU node, read once into typed records.
 
 The validators read a node's declared state here and nowhere else: the driver and kernel pins,
-the services that must run, storage paths and sizes, the Xid window, the gate's settings, the
-fabric's NCCL and MPI settings, drift's role inputs and margins, the cost inputs and the
-profile overrides. :func:`read` turns the templated inventory variables of one host into a
-:class:`DesiredState`, checking each value's type; it returns every problem rather than the
-first, so that the loader (``validate.inventory.load``) can name each bad variable with the
+the services that must run, storage paths and sizes, the Xid window, the gate's settings (the
+cluster, the label prefix, how old a run may be and still admit a node, the failed taint's
+effect), the fabric's NCCL and MPI settings, drift's role inputs and margins, the cost inputs
+and the profile overrides. :func:`read` turns the templated inventory variables of one host
+into a :class:`DesiredState`, checking each value's type; it returns every problem rather than
+the first, so that the loader (``validate.inventory.load``) can name each bad variable with the
 group or host it was set on and refuse the inventory before any connection is made.
 
 What a value means beyond its type is judged where it is used: the profile (``gpu_profile``,
@@ -24,6 +25,9 @@ from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
+# The prefix rule has one home, beside what the gate sets under it (the gate's --prefix too).
+from validate.labels import check_prefix
+
 # Every variable the validators read (besides the connection settings, which
 # validate.transport.route reads): the loader templates exactly these.
 PROFILE = "gpu_profile"
@@ -41,6 +45,8 @@ CHECKPOINT_SIZE = "gpuready_checkpoint_size_mib"
 XID_WINDOW = "gpuready_xid_window"
 KUBECONFIG = "gpuready_kubeconfig"
 LABEL_PREFIX = "gpuready_label_prefix"
+GATE_MAX_RUN_AGE = "gpuready_gate_max_run_age"
+GATE_TAINT_EFFECT = "gpuready_gate_taint_effect"
 NODE_NAME = "node_join_node_name"
 PERSISTENCED = "nvidia_driver_persistenced_enabled"
 PEERMEM_FABRICS = "nvidia_driver_peermem_fabrics"
@@ -58,6 +64,14 @@ COST = "gpuready_cost"
 PROFILE_VARS = (THRESHOLDS, DRIVE_CLASS, SCRATCH_PATH, CHECKPOINT_PATH)
 
 _NO_SPACE = re.compile(r"^\S+$")
+# A profile name: the stem of validate/profiles/<name>.yml.
+_PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+# The largest size a storage check may be asked to write, in MiB (1 PiB). A larger figure is a
+# typo (an exponent, a unit mix-up), and past 2**63 KiB the node's shell cannot even compare
+# it with the free space (dash: "Illegal number"). validate.profiles bounds the profiles' sizes
+# with the same figure.
+MAX_SIZE_MIB = 2**30
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +107,23 @@ class Storage:
     checkpoint_size_mib: int | None = None
 
 
+# The gate's defaults: evidence older than a day does not admit a node, and a failed node's
+# taint keeps new pods off without evicting running ones.
+DEFAULT_MAX_RUN_AGE_S = 24 * 3600.0
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+DEFAULT_TAINT_EFFECT = "NoSchedule"
+
+
 @dataclass(frozen=True, slots=True)
 class GateSettings:
-    """Where the cluster is, the site's label prefix, and the node's Kubernetes name."""
+    """Where the cluster is, the site's label prefix, the node's Kubernetes name, how old a
+    run may be and still admit the node (seconds), and the effect of its ``failed`` taint."""
 
     kubeconfig: str | None = None
     label_prefix: str | None = None
     node_name: str | None = None
+    max_run_age_s: float = DEFAULT_MAX_RUN_AGE_S
+    taint_effect: str = DEFAULT_TAINT_EFFECT
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +206,15 @@ def _path(value: Any) -> str:
     return text
 
 
+def _profile_name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Bad(f"is {_kind(value)} ({value!r}), not a profile name (a string naming "
+                   "validate/profiles/<name>.yml)")
+    if not _PROFILE_NAME.match(value):
+        raise _Bad(f"is {value!r}, not a profile name (letters, digits, '.', '_', '-')")
+    return value
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
@@ -190,10 +223,51 @@ def _positive_int(value: Any) -> int:
     return value
 
 
-def _non_negative_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Bad(f"is {value!r}, not a non-negative integer")
+def _size_mib(value: Any) -> int:
+    size = _positive_int(value)
+    if size > MAX_SIZE_MIB:
+        raise _Bad(f"is {size!r} MiB, more than the {MAX_SIZE_MIB} MiB (1 PiB) a storage check "
+                   "may write")
+    return size
+
+
+def _gid_index(value: Any) -> int:
+    # An RDMA port's GID table has at most 256 entries (ibv_query_port's gid_tbl_len).
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+        raise _Bad(f"is {value!r}, not a non-negative integer up to 255 (a GID index)")
     return value
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[smhd])+$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration_s(value: Any) -> float:
+    """``24h``, ``90m``, ``1d12h``, ``3600s``: a positive duration with units (a bare number
+    is refused: hours or seconds would be a guess)."""
+    text = value.strip() if isinstance(value, str) else value
+    if not isinstance(text, str) or not _DURATION.match(text):
+        raise _Bad(f"is {value!r}, not a duration with units such as 24h, 90m, 1d or 3600s")
+    seconds = sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text))
+    if seconds <= 0:
+        raise _Bad(f"is {value!r}: the duration must be longer than 0")
+    return seconds
+
+
+def _taint_effect(value: Any) -> str:
+    if value not in TAINT_EFFECTS:
+        raise _Bad(f"is {value!r}, not one of {', '.join(TAINT_EFFECTS)} (NoExecute also "
+                   "evicts the pods running on a node that fails)")
+    return str(value)
+
+
+def _label_prefix(value: Any) -> str:
+    text = _word(value)
+    try:
+        return check_prefix(text)
+    except ValueError as exc:
+        raise _Bad(str(exc).replace(f"label prefix {text!r} ", f"is {text!r}: it ", 1)) from None
 
 
 def _bool(value: Any) -> bool:
@@ -258,7 +332,7 @@ def _margins(value: Any) -> Mapping[str, float]:
 
 
 _READERS: dict[str, Callable[[Any], Any]] = {
-    PROFILE: _word,
+    PROFILE: _profile_name,
     POOL: _mapping,
     THRESHOLDS: _mapping,
     ENVIRONMENT: _line,
@@ -268,11 +342,13 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     SCRATCH_PATH: _path,
     DRIVE_CLASS: _word,
     CHECKPOINT_PATH: _path,
-    FIO_SIZE: _positive_int,
-    CHECKPOINT_SIZE: _positive_int,
+    FIO_SIZE: _size_mib,
+    CHECKPOINT_SIZE: _size_mib,
     XID_WINDOW: _line,
     KUBECONFIG: _line,  # a path as the kubernetes client takes it (relative, ~)
-    LABEL_PREFIX: _word,
+    LABEL_PREFIX: _label_prefix,
+    GATE_MAX_RUN_AGE: _duration_s,
+    GATE_TAINT_EFFECT: _taint_effect,
     NODE_NAME: _word,
     PERSISTENCED: _bool,
     PEERMEM_FABRICS: _words,
@@ -280,7 +356,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     RUNTIME_NAME: _word,
     DRIFT_MARGINS: _margins,
     IB_HCA: _word,
-    IB_GID_INDEX: _non_negative_int,
+    IB_GID_INDEX: _gid_index,
     SOCKET_IFNAME: _word,
     NCCL_ENV: _scalars,
     MPI_MCA: _scalars,
@@ -311,7 +387,9 @@ def read(values: Mapping[str, Any]) -> tuple[DesiredState, tuple[Problem, ...]]:
         storage=Storage(got.get(DRIVE_CLASS), got.get(SCRATCH_PATH), got.get(CHECKPOINT_PATH),
                         got.get(FIO_SIZE), got.get(CHECKPOINT_SIZE)),
         xid_window=got.get(XID_WINDOW),
-        gate=GateSettings(got.get(KUBECONFIG), got.get(LABEL_PREFIX), got.get(NODE_NAME)),
+        gate=GateSettings(got.get(KUBECONFIG), got.get(LABEL_PREFIX), got.get(NODE_NAME),
+                          got.get(GATE_MAX_RUN_AGE, DEFAULT_MAX_RUN_AGE_S),
+                          got.get(GATE_TAINT_EFFECT, DEFAULT_TAINT_EFFECT)),
         fabric=FabricSettings(got.get(IB_HCA), got.get(IB_GID_INDEX), got.get(SOCKET_IFNAME),
                               got.get(NCCL_ENV, {}), got.get(MPI_MCA, {})),
         drift=DriftInputs(got.get(PERSISTENCED), got.get(PEERMEM_FABRICS),

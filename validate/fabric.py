@@ -158,7 +158,9 @@ def pair_settings(node: Node, profile: Profile) -> PairSettings | str:
         return f"pool {node.pool} has no RDMA fabric (gpu_pool.fabric {fabric or 'unset'})"
     if profile.hardware.nic_count == 0:
         return f"profile {profile.name} expects no RDMA NICs"
-    if "nccl_pair" not in profile.thresholds:
+    pair = profile.thresholds.get("nccl_pair")
+    if not isinstance(pair, Mapping) or "busbw_gbps" not in pair:
+        # (an inventory may tune nccl_pair for every pool, also those without the test)
         return f"profile {profile.name} sets no nccl_pair thresholds"
     env, mca = nccl_env(node), mpi_mca(node)
     settings = PairSettings(

@@ -34,9 +34,16 @@ from threading import Lock
 import paramiko
 
 from validate.inventory import Node
-from validate.model import CODE_EXIT, CODE_NOT_FOUND, CODE_PARSE, CODE_TIMEOUT, Status
+from validate.model import (
+    CODE_EXIT,
+    CODE_IMPLAUSIBLE,
+    CODE_NOT_FOUND,
+    CODE_PARSE,
+    CODE_TIMEOUT,
+    Status,
+)
 from validate.parsers import ParseError, nccl
-from validate.profiles import Band
+from validate.profiles import CEILING_BUSBW_GBPS, Band
 from validate.transport import CommandResult
 from validate.transport.ssh import load_known_hosts
 
@@ -352,6 +359,13 @@ def judge_output(
         code = CODE_EXIT if result.rc not in (0,) else CODE_PARSE
         return RunVerdict(Status.ERROR, code, None,
                           f"all_reduce_perf across {pair} exited {result.rc}: {exc.reason}")
+    wrong = sum(r.wrong or 0 for r in run.rows) + (run.out_of_bounds or 0)
+    if result.rc != 0 and not wrong:
+        # nccl-tests exits 1 for wrong results; a table without any from a run that failed
+        # (a rank that crashed after it, mpirun's own error) is no measurement.
+        return RunVerdict(Status.ERROR, CODE_EXIT, None,
+                          f"all_reduce_perf across {pair} exited {result.rc} with no wrong "
+                          f"results in its table: {_tail(result)}")
     return judge_run(run, settings, pair)
 
 
@@ -372,6 +386,10 @@ def judge_run(run: nccl.NcclRun, settings: PairSettings, pair: str) -> RunVerdic
     if wrong:
         return RunVerdict(Status.FAIL, CODE_WRONG, busbw,
                           f"{wrong} wrong/out-of-bounds values ({where}): data corruption")
+    if not busbw <= CEILING_BUSBW_GBPS:
+        return RunVerdict(Status.ERROR, CODE_IMPLAUSIBLE, None,
+                          f"{busbw:g} GB/s at {where} is above the {CEILING_BUSBW_GBPS:g} GB/s "
+                          "any GPU interconnect carries: not a measurement")
     status = settings.band.judge(busbw)
     limit = settings.band.fail if status is Status.FAIL else settings.band.warn
     detail = f"{busbw:g} GB/s at {where}"

@@ -21,10 +21,15 @@ Vocabulary:
 - the **last change** is the latest run whose value moved by more than ``margin`` (a fraction)
   from the run before it.
 
+Validation runs and drift runs are both history here (a drift run's performance rows are
+measurements like a validation run's); ``run_kind`` (validate/runinfo.py) tells them apart:
+the series carries it per row and ``kinds`` reads one kind only. Whether a node was accepted or
+out is read from validation runs alone (validate/cost.py).
+
 Outputs (pandas DataFrames):
 
-- :func:`node_series` -> ``run_id, time, node, pool, check, metric, figure, value, status``
-  sorted by run_id (run ids sort by time);
+- :func:`node_series` -> ``run_id, run_kind, time, node, pool, check, metric, figure, value,
+  status``, per figure sorted by run_id (run ids sort by time);
 - :func:`summarise` / :func:`fleet_table` -> per node and figure: ``node, pool, figure, runs,
   latest_run, latest, baseline, baseline_runs, ratio, below, last_change_run,
   last_change_from, last_change_to`` (the latest run against the baseline of the runs
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from validate import runinfo
 from validate.model import Status
 from validate.report import KEY_FIGURES
 
@@ -64,8 +70,8 @@ FIGURES: dict[tuple[str, str], str] = {
 }
 _BY_NAME = {name: key for key, name in FIGURES.items()}
 _DICT_COLUMNS = ["run_id", "time", "node", "pool", "check", "metric", "status"]
-SERIES_COLUMNS = ["run_id", "time", "node", "pool", "check", "metric", "figure", "value",
-                  "status"]
+SERIES_COLUMNS = ["run_id", "run_kind", "time", "node", "pool", "check", "metric", "figure",
+                  "value", "status"]
 SUMMARY_COLUMNS = [
     "node",
     "pool",
@@ -120,11 +126,17 @@ def parse_figure(text: str) -> tuple[str, str]:
     return check, metric
 
 
-def run_files(roots: Path | Sequence[Path], *, exclude: Iterable[str] = ()) -> list[Path]:
-    """``results.parquet`` of every run directory directly under the root(s), by run id.
+def run_files(roots: Path | Sequence[Path], *, exclude: Iterable[str] = (),
+              kinds: Collection[str] | None = None) -> list[Path]:
+    """``results.parquet`` of every run directory directly under the root(s), by run id; with
+    ``kinds``, only runs of those kinds (``validation``, ``drift``).
 
     Symlinks (``latest``) and dot-directories (a drift run still being written) are skipped,
     so no run is read twice or half; a run id found under two roots is read once."""
+    if kinds is not None:
+        wanted = set(kinds)
+        return [f for f in run_files(roots, exclude=exclude)
+                if runinfo.run_kind(f.parent) in wanted]
     skip = set(exclude)
     found: dict[str, Path] = {}
     for root in [roots] if isinstance(roots, Path) else roots:
@@ -343,13 +355,32 @@ def node_series(
     figures: Sequence[tuple[str, str]] | None = None,
     *,
     exclude_runs: Iterable[str] = (),
+    kinds: Collection[str] | None = None,
 ) -> pd.DataFrame:
-    """Every value of ``node``'s figures (all numeric metrics when ``figures`` is None)."""
-    files = run_files(roots, exclude=exclude_runs)
-    r = _rows(_scan(files, "node", [node], _DICT_COLUMNS), figures)
+    """Every value of ``node``'s figures (all numeric metrics when ``figures`` is None), from
+    runs of ``kinds`` (all when None), each row with its run's kind."""
+    by_kind: dict[str, list[Path]] = {}
+    for f in run_files(roots, exclude=exclude_runs, kinds=kinds):
+        by_kind.setdefault(runinfo.run_kind(f.parent), []).append(f)
+    frames = [_series(_rows(_scan(files, "node", [node], _DICT_COLUMNS), figures), kind)
+              for kind, files in sorted(by_kind.items())]
+    frames = [f for f in frames if not f.empty]
+    if len(frames) == 1:
+        return frames[0]
+    if not frames:
+        return pd.DataFrame(columns=SERIES_COLUMNS)
+    # Several kinds: one series again, each figure's rows in run order.
+    out = pd.concat(frames, ignore_index=True)
+    order = {fig: i for i, fig in enumerate(dict.fromkeys(out["figure"]))}
+    return out.assign(_fig=out["figure"].map(order)).sort_values(
+        ["_fig", "run_id"], kind="stable").drop(columns="_fig").reset_index(drop=True)
+
+
+def _series(r: _Rows, kind: str) -> pd.DataFrame:
     pairs = [r.figures[f] for f in r.figure]
     return pd.DataFrame({
         "run_id": r.run_names[r.run].astype(str),
+        "run_kind": np.full(len(r), kind, dtype=object),
         "time": r.time.astype(str) if r.time is not None else np.full(len(r), ""),
         "node": r.node_names[r.node].astype(str),
         "pool": r.pool_names[r.pool].astype(str),
@@ -377,10 +408,12 @@ def fleet_table(
     roots: Path | Sequence[Path],
     settings: BaselineSettings,
     figures: Sequence[tuple[str, str]] | None = None,
+    kinds: Collection[str] | None = None,
 ) -> pd.DataFrame:
-    """Every node's latest value of each figure against its own baseline, worst first."""
+    """Every node's latest value of each figure against its own baseline, worst first (from
+    runs of ``kinds``; all when None)."""
     figs = list(figures or FIGURES)
-    table = _scan(run_files(roots), "check", sorted({c for c, _ in figs}),
+    table = _scan(run_files(roots, kinds=kinds), "check", sorted({c for c, _ in figs}),
                   ["run_id", "node", "pool", "check", "metric", "status"])
     out = _summary(_rows(table, figs), settings)
     return out.sort_values(["below", "ratio", "node", "figure"],

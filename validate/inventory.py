@@ -268,25 +268,37 @@ def profile_for(node: Node) -> Profile:
 def _check_profiles(nodes: list[Node], problems: _Problems, origin: Callable[[str, str], str]
                     ) -> None:
     """Load each distinct (profile, overrides) once, before any connection: a profile that does
-    not exist or thresholds that do not apply are the inventory's error, named with the
-    variable (gpu_profile or gpu_thresholds) and where it was set."""
-    seen: dict[str, tuple[str, str] | None] = {}
+    not exist or thresholds that do not apply are the inventory's error, each problem named
+    with the variable (gpu_profile, gpu_thresholds or gpuready_drive_class) and where it was
+    set."""
+    seen: dict[str, list[tuple[str, str]]] = {}
     for node in nodes:
         key = json.dumps([node.profile, dict(node.desired.profile_overrides)], sort_keys=True,
                          default=repr)
         if key not in seen:
             try:
                 profile_for(node)
-                seen[key] = None
+                seen[key] = []
             except ProfileError as exc:
-                # The source names "inventory gpu_thresholds (...)" when the overrides are at fault.
-                override = f"inventory {desired.THRESHOLDS}" in exc.source
-                var = desired.THRESHOLDS if override else desired.PROFILE
-                seen[key] = (var, str(exc))
-        found = seen[key]
-        if found is not None:
-            var, reason = found
+                seen[key] = _profile_problems(exc)
+        for var, reason in seen[key]:
             problems.add(origin(node.name, var), var, f"is not usable: {reason}", node.name)
+
+
+def _profile_problems(exc: ProfileError) -> list[tuple[str, str]]:
+    """(variable, reason) for each problem of a profile that did not load: the overrides'
+    own problems are gpu_thresholds', an unknown drive class set in the inventory is
+    gpuready_drive_class's, the rest belong to the profile (gpu_profile), named with its file."""
+    if exc.source.startswith(f"inventory {desired.DRIVE_CLASS}"):
+        return [(desired.DRIVE_CLASS, exc.reason)]
+    if exc.source.startswith(f"inventory {desired.THRESHOLDS}"):
+        return [(desired.THRESHOLDS, f"{k}: {r}" if k else r) for k, r in exc.problems]
+    # The merged thresholds ("<file> + inventory gpu_thresholds (...)"): the overrides made them
+    # incomplete or inverted a band.
+    merged = f"inventory {desired.THRESHOLDS}" in exc.source
+    var = desired.THRESHOLDS if merged else desired.PROFILE
+    where = f"merged over {exc.source.split(' + ')[0]}" if merged else exc.source
+    return [(var, f"{where}: {k}: {r}" if k else f"{where}: {r}") for k, r in exc.problems]
 
 
 def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
@@ -331,11 +343,15 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
         for problem in bad:
             problems.add(origin(host.name, problem.var), problem.var, problem.reason, host.name)
         profile = used.get(desired.PROFILE)
-        if not isinstance(profile, str) or not profile:
-            if profile is None:
-                raise InventoryError(f"host {host.name}: gpu_profile is not set "
-                                     f"(pool {host_pools[0]})")
-            continue  # its type is among the problems
+        if profile is None:
+            problems.add(f"host {host.name}", desired.PROFILE,
+                         f"is not set (pool {host_pools[0]})", host.name)
+            continue
+        if not isinstance(profile, str) and not any(p.var == desired.PROFILE for p in bad):
+            # Never dropped quietly: a host that is not a node must be named as not one.
+            problems.add(origin(host.name, desired.PROFILE), desired.PROFILE,
+                         f"is {profile!r}, not a profile name", host.name)
+            continue
         if bad:
             continue
         _port(host.name, used.get("ansible_port", 22))

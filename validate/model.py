@@ -54,7 +54,7 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130  # SIGINT/SIGTERM: stopped early, a partial report marked "interrupted"
 
 
-# What each exit code tells the person reading a report (README's table says the same).
+# What each exit code tells the person reading a report (README.md's exit-code table says the same).
 EXIT_MEANING: dict[ExitCode, str] = {
     ExitCode.OK: "all checks pass (warnings allowed)",
     ExitCode.CHECK_FAILED: "a check failed",
@@ -85,6 +85,9 @@ CODE_SUDO_DENIED = "tool.sudo_denied"
 CODE_INTERNAL = "check.internal_error"
 CODE_OUTPUT_LIMIT = "tool.output_too_large"
 CODE_NON_FINITE = "check.non_finite_value"
+# The tool ran and printed a figure that cannot be a measurement: it moved fewer bytes than it
+# was asked to, took less time than the floor, or reports more than the hardware can carry.
+CODE_IMPLAUSIBLE = "tool.implausible"
 # Codes that mean the node could not be asked (everything it could not answer is unknown).
 HOST_CODES = (CODE_UNREACHABLE, CODE_AUTH, CODE_HOSTKEY, CODE_UNRESPONSIVE, CODE_DEADLINE)
 

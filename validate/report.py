@@ -259,12 +259,40 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+class ResultsError(ValueError):
+    """A results file the report cannot be built from: a column is missing or a status is not
+    one of the table's (the message names the file, and the row)."""
+
+
+def _checked(df: pd.DataFrame, source: Path, first_line: int) -> pd.DataFrame:
+    """``df`` when it has every column and every status is known; ``first_line`` is the line
+    of the first row in ``source`` (0 for a file without lines, where rows are counted)."""
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ResultsError(
+            f"{source}: no column {', '.join(repr(c) for c in missing)} (a results file has "
+            f"the columns {', '.join(COLUMNS)}): it was not written by `validate run`, or it "
+            "was cut or edited")
+    statuses = df["status"]
+    bad = ~statuses.astype(str).isin(_STATUS_ORDER) | statuses.isna()
+    if bad.any():
+        at = int(bad.to_numpy().nonzero()[0][0])
+        row = df.iloc[at]
+        where = f"line {first_line + at}" if first_line else f"row {at + 1}"
+        raise ResultsError(
+            f"{source}: {where} (node {row['node']!s}, check {row['check']!s}): status "
+            f"{row['status']!r} is not a status (one of {', '.join(_STATUS_ORDER)})"
+            + (f"; {int(bad.sum()) - 1} more rows like it" if bad.sum() > 1 else ""))
+    return df
+
+
 def load_results(run_dir: Path) -> pd.DataFrame:
     """Read back ``results.parquet`` (or ``results.csv``, or the ``rows.jsonl`` a killed run
-    left in its ``.partial`` directory) of a run directory."""
+    left in its ``.partial`` directory) of a run directory. ResultsError names a missing
+    column or a bad status and the file."""
     parquet = run_dir / "results.parquet"
     if parquet.exists():
-        return _typed(pd.read_parquet(parquet))
+        return _typed(_checked(pd.read_parquet(parquet), parquet, 0))
     jsonl = run_dir / ROWS_FILE
     if jsonl.exists() and not (run_dir / "results.csv").exists():
         records = []
@@ -273,14 +301,17 @@ def load_results(run_dir: Path) -> pd.DataFrame:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # the line being written when the validator was killed
-        return _typed(pd.DataFrame.from_records(records, columns=list(COLUMNS)))
-    return _typed(
+        return _typed(_checked(pd.DataFrame.from_records(records, columns=list(COLUMNS)),
+                               jsonl, 0))
+    csv = run_dir / "results.csv"
+    return _typed(_checked(
         pd.read_csv(
-            run_dir / "results.csv",
+            csv,
             keep_default_na=False,
             na_values={"value": [""], "warn": [""], "fail": [""]},
-        )
-    )
+        ),
+        csv, 2,
+    ))
 
 
 def node_summary(df: pd.DataFrame) -> pd.DataFrame:

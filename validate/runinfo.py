@@ -15,10 +15,15 @@ Schema (``RUN_INFO_SCHEMA`` 1), one JSON object:
 - ``suite_version`` (pyproject.toml), ``git_commit`` and ``git_dirty`` (null outside a git
   checkout), ``started`` and ``finished`` (ISO 8601 UTC), ``exit_code`` (the one table in
   :mod:`validate.model`).
-- ``run_kind``: ``validation`` (``python -m validate run``/``fabric``) or ``drift`` (``python
-  -m validate drift``, whose ``checks`` are its performance checks): readers of a reports
-  root tell a node's validation verdicts from drift's measurements by it. A run.json written
-  before the field existed is a validation run's.
+- ``run_kind``: ``validation`` (``validate run``/``fabric``) or ``drift`` (``validate drift``,
+  whose performance rows are history too). Optional when read: a run.json written before the
+  field is a validation run's.
+
+Which kind a run directory holds (:func:`run_kind`): its run.json's ``run_kind``; without one
+(a run from before the field, or a run without run.json), a directory laid out as a drift run
+(``drift.json`` beside its results, validate/drift/report.py) is a drift run and any other a
+validation run. Readers that count a node's accepted/out streak (the cost view, the gate's
+history) read validation runs only: a drift run measures performance, it does not judge a node.
 
 The file is written by :func:`validate.report.write_report` and read back by
 :func:`read_run_info`; writing what was read gives the same bytes.
@@ -42,9 +47,11 @@ from validate.profiles import ProfileError
 
 RUN_INFO_FILE = "run.json"
 RUN_INFO_SCHEMA = 1
-RUN_KIND_VALIDATION = "validation"
-RUN_KIND_DRIFT = "drift"
-RUN_KINDS = (RUN_KIND_VALIDATION, RUN_KIND_DRIFT)
+VALIDATION = "validation"
+DRIFT = "drift"
+RUN_KINDS = (VALIDATION, DRIFT)
+# What a drift run writes beside its results (validate/drift/report.py's META).
+DRIFT_LAYOUT_FILE = "drift.json"
 SUITE_ROOT = Path(__file__).resolve().parent.parent
 # The inventory vars load_profile reads besides gpu_thresholds: nodes that agree on these and on
 # their profile name were judged against the same thresholds.
@@ -88,8 +95,8 @@ class RunInfo:
     started: str
     finished: str | None = None
     exit_code: int | None = None
-    run_kind: str = RUN_KIND_VALIDATION
     schema: int = RUN_INFO_SCHEMA
+    run_kind: str = VALIDATION
 
     def to_json(self) -> str:
         """The run.json text (stable: the same record gives the same bytes)."""
@@ -195,9 +202,12 @@ def start(
     checks_requested: str | None,
     checks: Sequence[str],
     nodes: Sequence[Node],
-    run_kind: str = RUN_KIND_VALIDATION,
+    run_kind: str = VALIDATION,
 ) -> RunInfo:
-    """The record of a run about to start (``finished`` and ``exit_code`` come later)."""
+    """The record of a run about to start (``finished`` and ``exit_code`` come later);
+    ``run_kind`` is :data:`VALIDATION` or :data:`DRIFT`."""
+    if run_kind not in RUN_KINDS:
+        raise ValueError(f"run_kind {run_kind!r} is not one of {', '.join(RUN_KINDS)}")
     commit, dirty = git_state()
     return RunInfo(
         run_id=run_id,
@@ -267,10 +277,10 @@ def from_json(text: str, where: str = RUN_INFO_FILE) -> RunInfo:
     except json.JSONDecodeError as exc:
         raise RunInfoError(f"{where}: not JSON: {exc}") from exc
     data = _checked(raw, _FIELDS, where)
-    kind = raw.get("run_kind", RUN_KIND_VALIDATION)
+    kind = raw.get("run_kind", VALIDATION)
     if kind not in RUN_KINDS:
-        raise RunInfoError(f"{where}: field 'run_kind': expected one of {', '.join(RUN_KINDS)}, "
-                           f"got {kind!r:.80}")
+        raise RunInfoError(f"{where}: field 'run_kind': expected one of "
+                           f"{', '.join(RUN_KINDS)}, got {kind!r:.80}")
     data["run_kind"] = kind
     if data["schema"] != RUN_INFO_SCHEMA:
         raise RunInfoError(f"{where}: schema {data['schema']} is not {RUN_INFO_SCHEMA}")
@@ -296,3 +306,16 @@ def read_run_info(run_dir: Path) -> RunInfo | None:
 def write_run_info(run_dir: Path, info: RunInfo) -> None:
     """Write ``<run_dir>/run.json``."""
     (run_dir / RUN_INFO_FILE).write_text(info.to_json(), encoding="utf-8")
+
+
+def run_kind(run_dir: Path) -> str:
+    """``validation`` or ``drift``: what the run in ``run_dir`` is (module docstring). A kind
+    this suite does not know is returned as it is written, so that no reader takes it for a
+    validation run."""
+    try:
+        doc = json.loads((run_dir / RUN_INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = None
+    if isinstance(doc, dict) and "run_kind" in doc:
+        return str(doc["run_kind"])
+    return DRIFT if (run_dir / DRIFT_LAYOUT_FILE).is_file() else VALIDATION

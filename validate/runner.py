@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from types import FrameType
 
 from validate.checks import Check, NodeContext, ToolFailure, Verdict
+from validate.checks.base import DEFAULT_PROBE_TIMEOUT_S
 from validate.inventory import Node, profile_for
 from validate.model import (
     CODE_DEADLINE,
@@ -195,8 +196,11 @@ def run_node(
     transport: Transport,
     default_timeout_s: float = 60.0,
     profile: Profile | None = None,
+    probe_timeout_s: float | None = DEFAULT_PROBE_TIMEOUT_S,
 ) -> list[CheckResult]:
-    """All selected checks on one node, as rows. Never raises for node or tool trouble."""
+    """All selected checks on one node, as rows. Never raises for node or tool trouble.
+    ``probe_timeout_s``: after a command times out, how long ``true`` may take to show that
+    the node still answers (NodeContext)."""
     if profile is None:
         try:
             profile = profile_for(node)
@@ -212,7 +216,8 @@ def run_node(
                 )
                 for c in checks
             ]
-    ctx = NodeContext(run_id, node, profile, transport, default_timeout_s)
+    ctx = NodeContext(run_id, node, profile, transport, default_timeout_s,
+                      probe_timeout_s=probe_timeout_s)
     for check in checks:
         try:
             if check.skip_reason(ctx) is None:
@@ -245,6 +250,8 @@ def _run_checks(ctx: NodeContext, checks: Sequence[Check], run_id: str, node: No
             verdicts = [Verdict("", Status.ERROR, exc.code, exc.reason)]
         except ToolFailure as exc:
             verdicts = [Verdict("", exc.status, exc.code, exc.detail)]
+        except ProfileError as exc:  # a key the check needs and the profile lacks
+            verdicts = [Verdict("", Status.ERROR, CODE_PROFILE, str(exc))]
         except Exception as exc:  # a bug in a check must not hide the other checks
             LOG.exception("check %s crashed on %s", check.id, node.name)
             verdicts = [Verdict("", Status.ERROR, CODE_INTERNAL, f"{type(exc).__name__}: {exc}")]
@@ -312,6 +319,7 @@ class _Supervisor:
     concurrency: int
     default_timeout_s: float
     node_deadline_s: float
+    probe_timeout_s: float | None
     progress: Callable[[NodeOutcome], None] | None
     on_node_done: Callable[[Node, list[CheckResult]], None] | None
     control: RunControl
@@ -353,7 +361,7 @@ class _Supervisor:
         start = time.monotonic()
         try:
             rows = run_node(node, self.checks, self.run_id, transport, self.default_timeout_s,
-                            self.profiles.get(node))
+                            self.profiles.get(node), self.probe_timeout_s)
         except BaseException as exc:  # run_node turns failures into rows; this is a backstop
             LOG.exception("node %s crashed", node.name)
             rows = rows_for(self.run_id, node, self.checks, CODE_INTERNAL,
@@ -423,15 +431,18 @@ def run(
     concurrency: int = 16,
     default_timeout_s: float = 60.0,
     node_deadline_s: float = DEFAULT_NODE_DEADLINE_S,
+    probe_timeout_s: float | None = DEFAULT_PROBE_TIMEOUT_S,
     progress: Callable[[NodeOutcome], None] | None = None,
     on_node_done: Callable[[Node, list[CheckResult]], None] | None = None,
     control: RunControl | None = None,
 ) -> list[CheckResult]:
     """Run ``checks`` on ``nodes`` with at most ``concurrency`` nodes at a time, each within
-    ``node_deadline_s`` (see the module docstring for deadlines and interrupts)."""
+    ``node_deadline_s`` (see the module docstring for deadlines and interrupts); a node that
+    stops answering (a command timed out, then ``true`` within ``probe_timeout_s`` did too) is
+    reported ``host.unresponsive`` for the rest of its checks at once."""
     supervisor = _Supervisor(
         nodes, checks, run_id, transport_for, max(1, concurrency), default_timeout_s,
-        node_deadline_s, progress, on_node_done, control or RunControl(),
+        node_deadline_s, probe_timeout_s, progress, on_node_done, control or RunControl(),
     )
     with _fewer_collections():
         supervisor.supervise()

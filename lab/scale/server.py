@@ -2,9 +2,10 @@
 
 Why asyncssh: 1,000 endpoints in one process need an SSH server that does not spend a thread
 per connection; asyncssh serves each connection as a coroutine, and measured here it answered
-1,000 endpoints' handshakes and commands at a fraction of the validators' own CPU (README
-"Scale"). paramiko's server mode needs a thread (and a transport thread) per connection, and
-1,000 OpenSSH ``sshd -i`` processes would cost the machine more than the validators under test.
+1,000 endpoints' handshakes and commands at a fraction of the validators' own CPU
+(docs/lab.md, "The scale harness"). paramiko's server mode needs a thread (and a transport
+thread) per connection, and 1,000 OpenSSH ``sshd -i`` processes would cost the machine more
+than the validators under test.
 
 Each endpoint listens on its own address:port with its own ed25519 host key; the client key is
 the harness's (``<dir>/id_ed25519``), the only one authorized. ``refuse`` endpoints do not

@@ -4,8 +4,9 @@ node1 healthy, node2 failing validation (ECC) with GPU Feature Discovery labels 
 its hardware. One lab serves the module; the tests run in file order on it:
 
 - the first site.yml admits node1 and keeps node2 out, as kubectl shows;
-- a second site.yml changes nothing (no host task, no label/taint/annotation, zero PATCH);
-  join.yml in check mode changes nothing either;
+- a second site.yml changes nothing on the hosts; the gate records the new run on each Node
+  (``last-run``, ``validated-at``, ``last-run-time``) and nothing else, and gating that run
+  again sends no PATCH; join.yml in check mode changes nothing either;
 - drift's labels layer reports a label edited by hand on the admitted node and the taint
   removed by hand from the one kept out, reading the Node and asking the gate's decision,
   writing nothing; once the gate has put them back, drift finds nothing;
@@ -17,8 +18,8 @@ its hardware. One lab serves the module; the tests run in file order on it:
   each fails that host alone and leaves it without kubelet.conf; then it joins;
 - no join token appears in runner artifacts, reports, logs, journals or host files.
 
-The validators run with ``validate_checks=gpu.*,node.services``: the faults here are GPU ones,
-and the storage and NCCL checks have their own lab test (test_validate.py).
+The validators run every check: the gate admits a node only on a run that covers every check
+its profile requires (a run of ``gpu.*`` alone could keep node2 out but never admit node1).
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ from validate.ansible_ssh import runner_settings
 
 PREFIX = "gpuready.node-restriction.kubernetes.io"  # inventory/lab/group_vars/all/cluster.yml
 TAINT_KEY = f"{PREFIX}/validation"
-CHECKS = "gpu.*,node.services"
 PLAYBOOKS = REPO_ROOT / "playbooks"
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
 # The join itself is a no_log task (ansible-core 2.19 censors its result, "changed" included);
@@ -194,8 +194,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
 
 @pytest.fixture(scope="module")
 def first_site(cluster: Cluster) -> PlaybookRun:
-    return cluster.playbook("site.yml", extravars={"validate_checks": CHECKS},
-                            label="first site.yml")
+    return cluster.playbook("site.yml", label="first site.yml")
 
 
 def _ours(node: dict[str, Any]) -> dict[str, str]:
@@ -228,7 +227,8 @@ def test_site_admits_the_healthy_node_and_keeps_the_faulty_one_out(
         f"{PREFIX}/topology": "8gpu-sxm-nvlink", f"{PREFIX}/nvlink": "nvswitch",
         f"{PREFIX}/fabric": "infiniband", f"{PREFIX}/workload": "distributed-training",
         f"{PREFIX}/sharing": "full-gpu", f"{PREFIX}/validation": "passed",
-        f"{PREFIX}/validated-at": _ours(node1)[f"{PREFIX}/validated-at"]}
+        f"{PREFIX}/validated-at": _ours(node1)[f"{PREFIX}/last-run"],
+        f"{PREFIX}/last-run": _ours(node1)[f"{PREFIX}/last-run"]}
     assert TAINT_KEY not in _taint_keys(node1)
     assert node1["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert _taint_keys(node2) == [TAINT_KEY]
@@ -270,16 +270,29 @@ def _snapshot(cluster: Cluster) -> dict[str, Any]:
 def test_second_site_changes_nothing(cluster: Cluster, first_site: PlaybookRun) -> None:
     del first_site  # ordering only
     before, patches_before = _snapshot(cluster), cluster.admin_patches()
-    run = cluster.playbook("site.yml", extravars={"validate_checks": CHECKS},
-                           label="second site.yml")
+    run = cluster.playbook("site.yml", label="second site.yml")
     patches = cluster.admin_patches() - patches_before
-    for host in ("node1", "node2", "localhost"):
+    for host in ("node1", "node2"):
         assert run.changed_tasks(host) == set(), host
         assert run.count("changed", host) == 0, host
-    assert patches == 0
-    shown = run.debug_lines("Show what the gate did")
-    assert any("nothing to change" in line for line in shown), shown
-    assert _snapshot(cluster) == before
+    # The new validation run judged both nodes again: the gate records it on each Node (one
+    # PATCH each) and changes nothing else.
+    assert patches == 2
+    run_keys = {f"{PREFIX}/last-run", f"{PREFIX}/validated-at", f"{PREFIX}/last-run-time"}
+    after = _snapshot(cluster)
+    for name in ("node1", "node2"):
+        (labels, notes, taints), (labels0, notes0, taints0) = after[name], before[name]
+        assert taints == taints0
+        assert {k: v for k, v in labels.items() if k not in run_keys} == \
+            {k: v for k, v in labels0.items() if k not in run_keys}
+        assert {k: v for k, v in notes.items() if k not in run_keys} == \
+            {k: v for k, v in notes0.items() if k not in run_keys}
+        assert labels[f"{PREFIX}/last-run"] != labels0[f"{PREFIX}/last-run"]
+    # That run gated again: nothing to change, no PATCH.
+    latest = str((REPO_ROOT / "reports" / "latest").resolve())
+    rc, out, _ = cluster.gate("--run", latest)
+    assert rc == 1 and "nothing to change" in out  # node2 stays out
+    assert cluster.admin_patches() - patches_before == 2
     check = cluster.playbook("join.yml", cmdline="--check --diff", label="join.yml --check")
     assert check.rc == 0
     for host in ("node1", "node2"):
@@ -310,7 +323,7 @@ def test_drift_reports_a_hand_edited_label_and_a_removed_taint(
     assert set(zip(table["node"], table["item"], table["declared"], table["actual"],
                    table["status"], strict=True)) == {
         ("node1", f"label {PREFIX}/pool", "pool_h100_sxm", "pool_a100_sxm", "drift"),
-        ("node2", f"taint {TAINT_KEY}", "pending:NoSchedule", "absent", "drift")}
+        ("node2", f"taint {TAINT_KEY}", "failed:NoSchedule", "absent", "drift")}
     assert "the gate decides failed" in table.set_index("node").loc["node2", "detail"]
     assert cluster.admin_patches() == patches  # drift only read
     rc, out, _ = cluster.gate("--run", str((REPO_ROOT / "reports" / "latest").resolve()))

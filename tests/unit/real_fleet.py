@@ -172,6 +172,13 @@ def _verdicts(cap: _Captures, node: Node, p: Profile) -> dict[str, Callable[[], 
     }
 
 
+def judges(fixtures_dir: Path, node: Node, profile: Profile
+           ) -> dict[str, Callable[[], list[Verdict]]]:
+    """check id -> how ``node``'s verdicts are judged from real captures (by its name, as
+    in the module docstring: a name with ``h100`` gets the H100 captures)."""
+    return _verdicts(_Captures(fixtures_dir), node, profile)
+
+
 def fleet_nodes(inventory: Path) -> tuple[Node, ...]:
     return load(inventory)
 

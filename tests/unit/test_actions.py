@@ -13,7 +13,7 @@ import yaml
 
 from tests.conftest import REPO_ROOT
 from validate import xid_catalog
-from validate.actions import ACTIONS, SUITE, action_for
+from validate.actions import ACTIONS, SUITE, action_for, is_hardware_fault
 from validate.checks import REGISTRY
 from validate.checks.storage import FIO_METRICS
 
@@ -96,3 +96,15 @@ def test_families_and_unknown_codes() -> None:
     thermal = action_for("gpu.throttle.hw_thermal_slowdown")
     assert thermal is not None and "too hot" in thermal.meaning
     assert action_for("no.such.code") is None and action_for("gpu.xid.abc") is None
+
+
+def test_hardware_faults_are_the_ones_a_clean_run_does_not_clear() -> None:
+    marked = sorted(code for code, action in ACTIONS.items() if action.hardware_fault)
+    assert marked == ["gpu.count.missing", "gpu.ecc.remap_failure",
+                      "nccl.allreduce.wrong_results"]
+    xids = sorted(x for x in xid_catalog.XID_CATALOG if is_hardware_fault(f"gpu.xid.{x}"))
+    assert xids == [64, 79]  # fallen off the bus; row remapping failed
+    # Faults a GPU reset clears stay ordinary failures: the next clean run re-admits.
+    for code in ("gpu.ecc.uncorrectable", "gpu.ecc.remap_pending", "gpu.xid.48", "gpu.xid.95",
+                 "host.unreachable", "no.such.code"):
+        assert not is_hardware_fault(code), code

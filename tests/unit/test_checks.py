@@ -310,7 +310,10 @@ def test_services_and_checkpoint_and_paths() -> None:
                                                 "kubelet enabled, waiting for kubeadm join")
     joined = judge_services(units, "active\ninactive\nactive\nactive\n", False)[0]
     assert (joined.status, joined.detail) == (Status.FAIL, "kubelet.service=inactive")
-    w, r = judge_checkpoint("write_ns=2000000000\nread_ns=500000000\n", 1024, band, band)
+    # dd's own byte counts (1024 MiB each way) make the timings measurements
+    w, r = judge_checkpoint("write_ns=2000000000\nwrite_rc=0\nwrite_bytes=1073741824\n"
+                            "read_ns=500000000\nread_rc=0\nread_bytes=1073741824\n", 1024,
+                            band, band)
     assert (w.value, w.status, r.value, r.status) == (0.537, Status.FAIL, 2.147, Status.PASS)
     for bad in ("", "relative/path", "/", "/dev/nvme0n1", "/proc", "/var/tmp/../etc", "/run/x"):
         with pytest.raises(ToolFailure):

@@ -8,9 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from validate import cost
+from validate import cost, history, runinfo
 from validate.cli import main
-from validate.model import CheckResult, Status
+from validate.drift import report as drift_report
+from validate.model import CheckResult, ExitCode, Status
 from validate.report import to_frame, write_report
 
 T0 = pd.Timestamp("2026-03-01T00:00:00+00:00")
@@ -170,3 +171,45 @@ def test_report_carries_the_section_and_renders_it_again(reports: Path):
     assert (report.run_dir / "summary.md").read_text() == summary
     assert (report.run_dir / "metrics.prom").read_text() == metrics
     assert (report.run_dir / "index.html").read_text() == page
+
+
+
+def test_a_drift_run_between_two_failing_validation_runs_changes_no_streak(tmp_path: Path):
+    """A drift run's performance rows pass on a node that validation keeps failing: the node
+    stays out since its first failing validation run, and the GPU-hours lost count from
+    there. Both ways a drift run is known: its layout (drift.json, as the drift code writes
+    it) and run.json's run_kind."""
+    root = tmp_path / "reports"
+    perf = [CheckResult(run_id, _at(hours), "gpu-4", "pool_h100", "h100-sxm5-80gb-8x",
+                        "nccl.allreduce", "busbw_gbps", 480.0, "GB/s", 470.0, 460.0,
+                        Status.PASS, "ok", "", 1.0) for run_id, hours in (("d1", 1), ("d2", 2))]
+    write_report(_rows("v0", 0, {"gpu-4": BAD}), root, "v0")
+    # d1: a drift run as validate drift writes it (drift.json beside its results).
+    meta = drift_report.RunMeta("d1", _at(1), _at(1), ExitCode.OK, ("gpu-4",),
+                                ("performance",), None, {}, {})
+    drift_report.write_run(root, meta, drift_report.findings_frame([], {}), perf[:1],
+                           {"gpu-4": "pool_h100"}, 1.0)
+    # d2: a run whose run.json says it is a drift run.
+    info = runinfo.RunInfo("d2", None, "/inventory", None, "nccl.allreduce",
+                           ("nccl.allreduce",), 1, (), "0", None, None, _at(2),
+                           run_kind=runinfo.DRIFT)
+    write_report(perf[1:], root, "d2", run_info=info)
+    write_report(_rows("v3", 3, {"gpu-4": BAD}), root, "v3")
+    assert [runinfo.run_kind(root / r) for r in ("v0", "d1", "d2", "v3")] == [
+        "validation", "drift", "drift", "validation"]
+    df = to_frame(_rows("now", 5, {"gpu-4": BAD}))
+    (pool,) = cost.for_run(df, {}, root, root / "now")
+    (out,) = pool.out
+    assert out.since == _at(0)  # not after d2: the drift runs did not accept the node
+    assert out.gpu_hours_lost == pool.gpu_hours_lost == 5 * 8.0
+    # validate history tells the kinds apart, and reads one kind when asked.
+    series = history.node_series(root, "gpu-4", [("nccl.allreduce", "busbw_gbps")])
+    assert list(zip(series["run_id"], series["run_kind"], strict=True)) == [
+        ("d1", "drift"), ("d2", "drift")]
+    assert history.node_series(root, "gpu-4", kinds=("validation",)).empty  # no figures
+    text = io.StringIO()
+    main(["history", str(root), "--node", "gpu-4", "--figure", "nccl_busbw_gbps",
+          "--kind", "drift", "--format", "csv"], text, io.StringIO())
+    assert text.getvalue().splitlines()[:3] == [
+        "run_id,run_kind,time,value,status", f"d1,drift,{_at(1)},480.0,pass",
+        f"d2,drift,{_at(2)},480.0,pass"]

@@ -1,5 +1,6 @@
-"""validate/labels.py: what the gate would set on a node, judged on real Node objects
-(tests/fixtures/k8s-api) and on the lab's pools."""
+"""validate/labels.py: what the gate decides for a node, judged on real Node objects
+(tests/fixtures/k8s-api) and on the lab's pools: labels and taints from the evidence, evidence
+that cannot admit, quarantine and its release, and the reserved label prefixes."""
 
 from __future__ import annotations
 
@@ -13,13 +14,25 @@ import yaml
 from validate.labels import (
     CODE_GFD,
     CODE_HARDWARE,
+    CODE_INCOMPLETE,
+    CODE_NON_FINITE,
+    CODE_NOT_IN_RUN,
+    CODE_QUARANTINED,
+    CODE_STALE,
+    CODE_SUPERSEDED,
+    Desired,
+    EvidenceProblem,
+    GatePolicy,
     IdentityError,
+    NodeEvidence,
     NodeIdentity,
     NodeResults,
+    NotQuarantined,
     check_prefix,
-    desired_state,
+    decide,
     gfd_of,
     plan_node,
+    release_patch,
 )
 from validate.model import Status
 
@@ -39,11 +52,37 @@ T4 = NodeIdentity(
     nvlinks_per_gpu=0)
 
 
+POLICY = GatePolicy(P)
+RUN = "20261202T101500Z"
+AT = "2026-12-02T10:15:00+00:00"
+
+
 def results(status: Status = Status.PASS, codes: tuple[str, ...] = (), count: int | None = 8,
             memory: int | None = 81559, model: Status | None = Status.PASS,
-            detail: str = "NVIDIA H100 80GB HBM3",
-            run_id: str = "20261202T101500Z") -> NodeResults:
+            detail: str = "NVIDIA H100 80GB HBM3", run_id: str = RUN) -> NodeResults:
     return NodeResults(run_id, status, codes, count, memory, model, detail)
+
+
+def evidence(found: NodeResults | None = None, measured_at: str = AT,
+             problems: tuple[EvidenceProblem, ...] = ()) -> NodeEvidence:
+    found = found if found is not None else results()
+    return NodeEvidence(found.run_id, measured_at, found, problems)
+
+
+def desired_state(identity: NodeIdentity, found: NodeResults, prefix: str = P,
+                  gfd: dict[str, str] | None = None, measured_at: str = AT) -> Desired:
+    """The decision for a node whose Node carries only ``gfd`` (as the old tests asked it)."""
+    node = {"metadata": {"name": identity.name, "labels": dict(gfd or {})}}
+    return decide(identity, evidence(found, measured_at), node, GatePolicy(prefix))
+
+
+def carrying(desired: Desired, name: str = H100.name, rv: str = "5") -> dict[str, Any]:
+    """A Node that carries ``desired`` (as the gate leaves it)."""
+    taints = ([{"key": f"{P}/validation", "value": desired.taint[0],
+                "effect": desired.taint[1]}] if desired.taint else [])
+    return {"metadata": {"name": name, "resourceVersion": rv, "labels": dict(desired.labels),
+                         "annotations": dict(desired.annotations)},
+            "spec": {"taints": taints}}
 
 
 def real_t4_node(fixtures_dir: Path) -> dict[str, Any]:
@@ -69,13 +108,13 @@ def test_a_passing_node_gets_its_identity_and_loses_the_taint() -> None:
         f"{P}/form-factor": "sxm", f"{P}/topology": "8gpu-sxm-nvlink", f"{P}/nvlink": "nvswitch",
         f"{P}/fabric": "infiniband", f"{P}/workload": "distributed-training",
         f"{P}/sharing": "full-gpu", f"{P}/validation": "passed",
-        f"{P}/validated-at": "20261202T101500Z"}
-    assert desired.annotations == {}
+        f"{P}/last-run": RUN, f"{P}/validated-at": RUN}
+    assert desired.annotations == {f"{P}/last-run-time": AT}
     node = {"metadata": {"name": H100.name, "resourceVersion": "41", "labels": {
         "kubernetes.io/hostname": H100.name}}, "spec": {"taints": [
             {"key": f"{P}/validation", "value": "pending", "effect": "NoSchedule"},
             {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}}
-    plan = plan_node(node, desired, P)
+    plan = plan_node(node, decide(H100, evidence(), node, POLICY), P)
     assert plan.patch is not None
     assert plan.patch["metadata"]["resourceVersion"] == "41"
     assert plan.patch["metadata"]["labels"] == desired.labels  # all new; others not named
@@ -85,31 +124,49 @@ def test_a_passing_node_gets_its_identity_and_loses_the_taint() -> None:
         f"taint {P}/validation: pending:NoSchedule -> <none>"]
 
 
-def test_a_failing_node_keeps_the_taint_with_its_codes() -> None:
+def test_a_failing_node_is_tainted_failed_and_shows_both_runs() -> None:
+    # It passed an earlier run and carries that; the new run finds an uncorrectable error.
+    before = desired_state(H100, results(run_id="20261101T000000Z"),
+                           measured_at="2026-11-01T00:00:00+00:00")
+    node = carrying(before, rv="7")
     failed = results(Status.FAIL, ("gpu.ecc.uncorrectable",))
-    desired = desired_state(H100, failed, P)
-    assert desired.verdict == "failed" and desired.tainted
+    desired = decide(H100, evidence(failed), node, POLICY)
+    assert desired.verdict == "failed" and desired.taint == ("failed", "NoSchedule")
     assert desired.labels[f"{P}/validation"] == "failed"
-    assert desired.annotations == {f"{P}/failed-checks": "gpu.ecc.uncorrectable"}
-    # Untainted (it passed an earlier run): the taint comes back, the verdict's time moves.
-    before = desired_state(H100, results(run_id="20261101T000000Z"), P)
-    node = {"metadata": {"name": H100.name, "resourceVersion": "7",
-                         "labels": dict(before.labels)}}
+    # The run that judged it, and the last one that admitted it, side by side.
+    assert desired.labels[f"{P}/last-run"] == RUN
+    assert desired.labels[f"{P}/validated-at"] == "20261101T000000Z"
+    assert desired.annotations == {f"{P}/failed-checks": "gpu.ecc.uncorrectable",
+                                   f"{P}/last-run-time": AT}
     plan = plan_node(node, desired, P)
     assert plan.patch is not None
-    assert plan.patch["spec"]["taints"] == [{"key": f"{P}/validation", "value": "pending",
+    assert plan.patch["spec"]["taints"] == [{"key": f"{P}/validation", "value": "failed",
                                              "effect": "NoSchedule"}]
     assert plan.patch["metadata"]["labels"] == {f"{P}/validation": "failed",
-                                                f"{P}/validated-at": "20261202T101500Z"}
+                                                f"{P}/last-run": RUN}
+    # The join's pending taint becomes the failed one; a pool may choose NoExecute.
+    joined = {"metadata": {"name": H100.name}, "spec": {"taints": [
+        {"key": f"{P}/validation", "value": "pending", "effect": "NoSchedule"}]}}
+    evicting = decide(H100, evidence(failed), joined, GatePolicy(P, "NoExecute"))
+    changes = [str(c) for c in plan_node(joined, evicting, P).changes if c.kind == "taint"]
+    assert changes == [f"taint {P}/validation: pending:NoSchedule -> failed:NoExecute"]
+    assert "validated-at" not in " ".join(evicting.labels)  # it never passed
 
 
-def test_a_node_already_right_needs_no_patch_and_keeps_its_validation_time() -> None:
-    first = desired_state(H100, results(run_id="20261201T000000Z"), P)
-    node = {"metadata": {"name": H100.name, "resourceVersion": "9",
-                         "labels": {**first.labels, "team": "ml"}}}
-    again = desired_state(H100, results(run_id="20261202T000000Z"), P)
-    plan = plan_node(node, again, P)
-    assert plan.patch is None and plan.changes == ()
+def test_a_node_already_right_needs_no_patch_and_a_new_run_is_recorded() -> None:
+    first = desired_state(H100, results())
+    node = carrying(first)
+    node["metadata"]["labels"]["team"] = "ml"
+    again = decide(H100, evidence(), node, POLICY)  # the same run gated again
+    assert plan_node(node, again, P).patch is None and plan_node(node, again, P).changes == ()
+    later = results(run_id="20261203T101500Z")
+    newer = decide(H100, evidence(later, "2026-12-03T10:15:00+00:00"), node, POLICY)
+    plan = plan_node(node, newer, P)
+    assert plan.patch is not None
+    assert plan.patch["metadata"]["labels"] == {f"{P}/last-run": "20261203T101500Z",
+                                                f"{P}/validated-at": "20261203T101500Z"}
+    assert plan.patch["metadata"]["annotations"] == {
+        f"{P}/last-run-time": "2026-12-03T10:15:00+00:00"}
 
 
 def test_hand_edits_stale_and_foreign_labels(fixtures_dir: Path) -> None:
@@ -120,6 +177,8 @@ def test_hand_edits_stale_and_foreign_labels(fixtures_dir: Path) -> None:
     assert desired.verdict == "passed", desired.reasons  # the real GFD labels agree
     node["metadata"]["labels"] = {**labels, **desired.labels, f"{P}/gpu-count": "1",
                                   f"{P}/retired-label": "x"}
+    node["metadata"]["annotations"] = {**node["metadata"].get("annotations", {}),
+                                       **desired.annotations}
     del node["metadata"]["labels"][f"{P}/fabric"]
     plan = plan_node(node, desired, P)
     assert [str(c) for c in plan.changes] == [
@@ -144,7 +203,7 @@ def test_gfd_labels_that_contradict_the_hardware_fail(fixtures_dir: Path) -> Non
                    "nvidia.com/gpu.memory": "4096"}
     desired = desired_state(H100, results(), P, gfd)
     assert desired.verdict == "failed" and desired.codes == (CODE_GFD,)
-    assert desired.annotations == {f"{P}/failed-checks": CODE_GFD}
+    assert desired.annotations == {f"{P}/failed-checks": CODE_GFD, f"{P}/last-run-time": AT}
     assert any("nvidia.com/gpu.product=NVIDIA-A16-4Q" in r for r in desired.reasons)
     assert any("nvidia.com/gpu.count=1, the run counted 8" in r for r in desired.reasons)
     assert any("nvidia.com/gpu.memory=4096 MiB" in r for r in desired.reasons)
@@ -177,3 +236,125 @@ def test_bad_input_is_named() -> None:
                           "gpu_pool": {**H100.gpu_pool, "workload": "distributed training"}})
     with pytest.raises(IdentityError, match=r"gpu-h100-01: .*/workload 'distributed training'"):
         desired_state(bad, results(), P)
+
+
+@pytest.mark.parametrize("prefix", ["kubernetes.io", "k8s.io", "node.kubernetes.io",
+                                    "gpu.example.com.kubernetes.io", "x.k8s.io",
+                                    "node-role.kubernetes.io"])
+def test_prefixes_kubernetes_reserves_are_refused(prefix: str) -> None:
+    reserved = "k8s.io" if prefix.endswith("k8s.io") else "kubernetes.io"
+    with pytest.raises(ValueError, match=rf"label prefix '{prefix}' is under {reserved}, which "
+                                         "Kubernetes reserves"):
+        check_prefix(prefix)
+
+
+@pytest.mark.parametrize("prefix", [P, "node-restriction.kubernetes.io", "gpu.example.com",
+                                    "kubernetes.io.example.com", "notk8s.io"])
+def test_a_site_domain_or_node_restriction_is_a_prefix(prefix: str) -> None:
+    assert check_prefix(prefix) == prefix
+
+
+# -- evidence the gate does not admit on ------------------------------------------------------
+def _problem(code: str) -> EvidenceProblem:
+    return EvidenceProblem(code, f"because of {code}")
+
+
+JOINED = {"metadata": {"name": H100.name, "resourceVersion": "3", "labels": {"team": "ml"}},
+          "spec": {"taints": [{"key": f"{P}/validation", "value": "pending",
+                               "effect": "NoSchedule"}]}}
+
+
+@pytest.mark.parametrize("code", [CODE_STALE, CODE_INCOMPLETE, CODE_NON_FINITE])
+def test_a_passing_node_on_evidence_that_cannot_admit_is_left_as_it_is(code: str) -> None:
+    admitted = carrying(desired_state(H100, results(run_id="20261101T000000Z"),
+                                      measured_at="2026-11-01T00:00:00+00:00"))
+    for node in (JOINED, admitted):
+        desired = decide(H100, evidence(problems=(_problem(code),)), node, POLICY)
+        assert (desired.verdict, desired.codes, desired.reasons) == (
+            "held", (code,), (f"because of {code}",))
+        plan = plan_node(node, desired, P)
+        assert plan.patch is None and plan.changes == ()
+    # What a held node is said to carry is what it has (drift compares against it).
+    held = decide(H100, evidence(problems=(_problem(code),)), JOINED, POLICY)
+    assert held.taint == ("pending", "NoSchedule") and held.labels == {}
+
+
+@pytest.mark.parametrize("code", [CODE_INCOMPLETE, CODE_NON_FINITE])
+def test_incomplete_evidence_of_a_fault_still_keeps_the_node_out(code: str) -> None:
+    failed = results(Status.FAIL, ("gpu.ecc.uncorrectable",))
+    desired = decide(H100, evidence(failed, problems=(_problem(code),)), JOINED, POLICY)
+    assert desired.verdict == "failed" and desired.taint == ("failed", "NoSchedule")
+    assert desired.codes == tuple(sorted(("gpu.ecc.uncorrectable", code)))
+
+
+def test_stale_evidence_or_a_run_without_the_node_judges_nothing() -> None:
+    failed = results(Status.FAIL, ("gpu.ecc.uncorrectable",))
+    admitted = carrying(desired_state(H100, results()))
+    stale = decide(H100, evidence(failed, problems=(_problem(CODE_STALE),)), admitted, POLICY)
+    assert stale.verdict == "held" and plan_node(admitted, stale, P).patch is None
+    absent = NodeEvidence(RUN, None, None, (_problem(CODE_NOT_IN_RUN),))
+    assert decide(H100, absent, JOINED, POLICY).codes == (CODE_NOT_IN_RUN,)
+    assert decide(H100, absent, None, POLICY).verdict == "held"
+
+
+def test_older_evidence_never_overrides_what_a_newer_run_decided() -> None:
+    # A run measured at 10:15 failed the node; a run measured at 09:00 that passed it is
+    # gated after it (two pipelines, or an old run by mistake): it judges nothing.
+    failed = results(Status.FAIL, ("gpu.ecc.uncorrectable",))
+    node = carrying(desired_state(H100, failed))
+    older = results(run_id="20261202T090000Z")
+    desired = decide(H100, evidence(older, "2026-12-02T09:00:00+00:00"), node, POLICY)
+    assert (desired.verdict, desired.codes) == ("held", (CODE_SUPERSEDED,))
+    assert "before run 20261202T101500Z (2026-12-02T10:15:00+00:00)" in desired.reasons[0]
+    # The same run gated again is not "older": it judges as before.
+    assert decide(H100, evidence(failed), node, POLICY).verdict == "failed"
+
+
+# -- quarantine -------------------------------------------------------------------------------
+def test_a_hardware_fault_quarantines_until_an_operator_releases_the_node() -> None:
+    fault = results(Status.FAIL, ("gpu.count.missing", "gpu.xid.79"), count=7)
+    out = decide(H100, evidence(fault), JOINED, POLICY)
+    assert out.verdict == "quarantined" and out.taint == ("failed", "NoSchedule")
+    assert out.labels[f"{P}/validation"] == "quarantined"
+    assert json.loads(out.annotations[f"{P}/quarantine"]) == {
+        "codes": ["gpu.count.missing", "gpu.xid.79"], "run": RUN, "since": AT}
+    assert CODE_QUARANTINED in out.codes
+    node = carrying(out)
+    # A clean run later: still out, still quarantined, the record unchanged.
+    clean = results(run_id="20261203T000000Z")
+    later = "2026-12-03T00:00:00+00:00"
+    still = decide(H100, evidence(clean, later), node, POLICY)
+    assert still.verdict == "quarantined" and still.taint == ("failed", "NoSchedule")
+    assert still.annotations[f"{P}/quarantine"] == out.annotations[f"{P}/quarantine"]
+    assert any("until an operator releases it (validate gate --release gpu-h100-01" in r
+               for r in still.reasons)
+    node = carrying(still, rv="6")
+    # The release: who, when, why on the Node; the taint stays until a run admits the node.
+    patch, record = release_patch(node, P, by="alice@ops1", at="2026-12-03T01:00:00+00:00",
+                                  reason="GPU 7 reseated, ticket OPS-1")
+    assert patch == {"metadata": {
+        "resourceVersion": "6",
+        "labels": {f"{P}/validation": "failed"},
+        "annotations": {f"{P}/quarantine": None,
+                        f"{P}/released": json.dumps(record, sort_keys=True)}}}
+    assert record == {"by": "alice@ops1", "at": "2026-12-03T01:00:00+00:00",
+                      "reason": "GPU 7 reseated, ticket OPS-1",
+                      "codes": ["gpu.count.missing", "gpu.xid.79"], "run": RUN, "since": AT}
+    released = json.loads(json.dumps(node))
+    released["metadata"]["labels"][f"{P}/validation"] = "failed"
+    del released["metadata"]["annotations"][f"{P}/quarantine"]
+    released["metadata"]["annotations"][f"{P}/released"] = json.dumps(record, sort_keys=True)
+    admitted = decide(H100, evidence(clean, later), released, POLICY)
+    assert admitted.verdict == "passed" and admitted.taint is None
+    assert admitted.annotations[f"{P}/released"] == json.dumps(record, sort_keys=True)
+    with pytest.raises(NotQuarantined, match="gpu-h100-01 is not quarantined"):
+        release_patch(carrying(admitted), P, by="x", at="t", reason="r")
+
+
+def test_other_failures_clear_on_the_next_pass() -> None:
+    node = carrying(desired_state(H100, results(Status.FAIL, ("gpu.ecc.uncorrectable",
+                                                              "gpu.xid.48"))))
+    clean = decide(H100, evidence(results(run_id="20261203T000000Z"),
+                                  "2026-12-03T00:00:00+00:00"), node, POLICY)
+    assert clean.verdict == "passed" and clean.taint is None
+    assert f"{P}/quarantine" not in clean.annotations

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from validate.model import Status
 from validate.profiles import PROFILES_DIR, Band, ProfileError, available, load_profile
@@ -121,3 +122,22 @@ def test_errors_name_file_and_key(tmp_path: Path) -> None:
         )
     with pytest.raises(ProfileError, match=r"thresholds\.nccl\.repeatz: missing"):
         load_profile("a100-sxm4-80gb-8x").value("nccl.repeatz", int)
+
+
+@pytest.mark.parametrize("inventory", ["lab", "staging.example", "production.example"])
+def test_the_shipped_inventories_thresholds_load_over_every_profile(inventory: str) -> None:
+    """Overrides set for every pool (the lab tunes nccl_pair.timeout_s everywhere, also for
+    the L40S profile, which defines no pair test) must pass the thresholds' checks."""
+    root = PROFILES_DIR.parent.parent / "inventory" / inventory
+    found = 0
+    for path in sorted(root.rglob("*.yml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        overrides = data.get("gpu_thresholds") if isinstance(data, dict) else None
+        if overrides is None:
+            continue
+        found += 1
+        for name in SHIPPED:
+            profile = load_profile(name, overrides, inventory_vars={
+                "gpuready_drive_class": data.get("gpuready_drive_class", "virtual")})
+            assert profile.thresholds["fio"]["size_mib"] > 0
+    assert found or inventory != "lab"

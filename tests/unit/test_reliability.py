@@ -38,6 +38,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from validate import cli
+from validate.checks import REGISTRY
 from validate.model import ExitCode
 
 # The project's range for test servers; this module uses 127.0.21.100-.199.
@@ -176,9 +177,10 @@ EXPECTED_CODES = {
     "exec_late": {"host.unresponsive"},
     "drop": {"host.unresponsive"},
     "freeze": {"host.unresponsive"},
-    # each command times out (a stalled stream, a status without EOF) until the node deadline
-    "output_stall": {"tool.timeout", "host.deadline"},
-    "status_no_eof": {"tool.timeout", "host.deadline"},
+    # a command times out (a stalled stream, a status without EOF), then so does `true`: the
+    # node stopped answering (issue 28), unless the node deadline comes first
+    "output_stall": {"tool.timeout", "host.deadline", "host.unresponsive"},
+    "status_no_eof": {"tool.timeout", "host.deadline", "host.unresponsive"},
     # Each command floods until the client closes its channel at the output cap. The peer's
     # SSH connection does not always survive that: a later command may find it gone ("cannot
     # start journalctl: Broken pipe"), which is what host.unresponsive says. Every flooding node
@@ -476,3 +478,68 @@ def test_the_kernel_log_is_read_while_nvidia_smi_runs(tmp_path: Path, fixtures_d
     assert (xid_row["metric"], xid_row["code"]) == ("xid_63", "gpu.xid.63")
     assert "tool.timeout" not in set(rows["code"])
     assert code == ExitCode.CHECK_FAILED
+
+
+# ---------------------------------------------------------------- issue 28: gone, and quiet
+
+
+def test_a_node_that_stops_answering_costs_one_timeout_and_exits_3(
+    tmp_path: Path, fixtures_dir: Path
+) -> None:
+    """A node that accepts every command and never answers one (its SSH keepalives still
+    answered). Before issue 28 each check waited out its own timeout (1,056 s with the
+    defaults) and the run ended exit 2. Now: its first command times out, `true` (sent before
+    that timeout fires) got no answer either, and every check of the node is host.unresponsive
+    at once: exit 3."""
+    specs = [{"name": "gone", "behaviour": "output_stall"}, {"name": "fine", "behaviour": "ok"}]
+    timeout_s, step_s, backstop_s = 2.0, 1.0, 5.0  # backstop: SSHConfig's, per command
+    with hostile_fleet(tmp_path, fixtures_dir, specs) as fleet:
+        start = time.monotonic()
+        code, _, err = _run_cli("run", "-i", str(fleet.inventory), "--out",
+                                str(tmp_path / "reports"), "--timeout", str(timeout_s),
+                                "--ssh-timeout", str(step_s), "--node-deadline", "120",
+                                "--run-id", "gone")
+        took = time.monotonic() - start
+        sent = [e["command"] for e in fleet.events("gone", "exec")]
+    assert code == ExitCode.UNREACHABLE, err
+    rows = pd.read_parquet(tmp_path / "reports" / "gone" / "results.parquet")
+    gone = rows[rows["node"] == "gone"]
+    assert list(gone["check"]) == list(REGISTRY), "every check has its row"
+    assert set(gone["code"]) == {"host.unresponsive"}, gone[["check", "code", "detail"]]
+    assert "stopped answering commands" in gone["detail"].iloc[0]
+    assert set(rows["node"]) == {"gone", "fine"}
+    # One command (and the kernel log read beside it) timed out, and the probe sent before
+    # that timeout fired: three requests, and one timeout of time (the client's backstop
+    # included: this peer fakes the node's own `timeout`).
+    assert len(sent) == 3 and sent[-1].endswith(" true"), sent
+    print(f"\nnode that stopped answering: reported in {took:.1f} s (timeout {timeout_s:g} s, "
+          f"probe {step_s:g} s, backstop {backstop_s:g} s)", file=sys.__stderr__)
+    assert took < timeout_s + backstop_s + step_s + 2, took
+
+
+def test_peers_that_never_speak_ssh_leave_stderr_quiet(tmp_path: Path,
+                                                       fixtures_dir: Path) -> None:
+    """Peers that accept TCP and never send a banner: paramiko logs a 22-line traceback per
+    host from its own thread (183 lines for 8 hosts before issue 28). It goes to the run's
+    log; stderr keeps the run's own lines."""
+    specs = [{"name": f"tcp-only-{i}", "behaviour": "silent"} for i in range(3)]
+    out = tmp_path / "reports"
+    with hostile_fleet(tmp_path, fixtures_dir, specs) as fleet:
+        proc = subprocess.run(
+            _validate_argv(fleet, out, "--checks", "node.services", "--ssh-timeout", "1",
+                           "--run-id", "quiet"),
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == ExitCode.UNREACHABLE, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("gpuready run quiet: 3 nodes x 1 checks"), proc.stderr
+    assert lines[1].startswith("rows are appended to ")
+    # one progress line per host, and the run's last line: nothing else
+    assert len(lines) == 6, proc.stderr
+    progress = sorted(re.sub(r"^\[\d/3\] ", "", x).rsplit(" ", 1)[0] for x in lines[2:5])
+    assert progress == [f"tcp-only-{i}: error (node.services)" for i in range(3)], lines
+    assert lines[5].startswith("gpuready run quiet: 3 nodes done in")
+    assert "Traceback" not in proc.stderr and "paramiko" not in proc.stderr
+    log = (out / "quiet" / "run.log").read_text()
+    assert log.count("Error reading SSH protocol banner") >= 3 and "Traceback" in log
+    rows = pd.read_parquet(out / "quiet" / "results.parquet")
+    assert set(rows["code"]) == {"host.unreachable"} and len(rows) == 3

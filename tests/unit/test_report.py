@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from validate.model import CheckResult, ExitCode, Status
-from validate.report import load_results, start_run, write_report
+from validate.report import ResultsError, load_results, start_run, write_report
 
 
 def _r(node: str, check: str, metric: str, status: Status, value: float | None = None,
@@ -144,3 +144,24 @@ def test_a_killed_runs_rows_render_from_its_partial_directory(rows: list[CheckRe
     report = write_report(df, tmp_path, pending.run_id, run_dir=pending.partial_dir,
                           update_latest=False)
     assert (report.run_dir / "summary.md").exists() and (report.run_dir / "rows.jsonl").exists()
+
+
+def test_a_results_file_missing_a_column_or_with_a_bad_status_is_named(
+        rows: list[CheckResult], tmp_path: Path) -> None:
+    run = write_report(rows, tmp_path, "r1").run_dir
+    parquet = run / "results.parquet"
+    pd.read_parquet(parquet).drop(columns=["node", "code"]).to_parquet(parquet)
+    with pytest.raises(ResultsError, match=rf"^{parquet}: no column 'node', 'code' \(a results "
+                                           "file has the columns run_id, time, node,"):
+        load_results(run)
+    parquet.unlink()
+    csv = run / "results.csv"
+    table = pd.read_csv(csv, keep_default_na=False)
+    table.loc[1, "status"] = "bogus"
+    table.loc[2, "status"] = ""
+    table.to_csv(csv, index=False)
+    with pytest.raises(ResultsError, match=(
+            rf"^{csv}: line 3 \(node {table.loc[1, 'node']}, check {table.loc[1, 'check']}\): "
+            r"status 'bogus' is not a status \(one of skip, pass, warn, fail, error\); 1 more "
+            "rows like it$")):
+        load_results(run)

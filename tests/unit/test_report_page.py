@@ -115,6 +115,26 @@ def test_bad_run_json_is_named(fleet_run: tuple[Path, list[CheckResult], RunInfo
         runinfo.from_json(json.dumps({k: v for k, v in doc.items() if k != "run_id"}))
     with pytest.raises(RunInfoError, match="not JSON"):
         runinfo.from_json("{")
+    with pytest.raises(RunInfoError, match="field 'run_kind': expected one of validation, "
+                                           "drift, got 'nightly'"):
+        runinfo.from_json(json.dumps({**doc, "run_kind": "nightly"}))
+
+
+def test_run_kind_is_recorded_and_an_older_run_json_is_a_validation_run(
+        fleet_run: tuple[Path, list[CheckResult], RunInfo], tmp_path: Path) -> None:
+    run_dir, _, _ = fleet_run
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert doc["run_kind"] == "validation" and runinfo.run_kind(run_dir) == "validation"
+    del doc["run_kind"]  # written before the field
+    assert runinfo.from_json(json.dumps(doc)).run_kind == "validation"
+    # Without run.json, the layout says: drift.json beside the results is a drift run.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert runinfo.run_kind(bare) == "validation"
+    (bare / "drift.json").write_text("{}")
+    assert runinfo.run_kind(bare) == "drift"
+    (bare / "run.json").write_text(json.dumps({"run_kind": "validation"}))
+    assert runinfo.run_kind(bare) == "validation"  # the field wins over the layout
 
 
 def test_run_info_round_trips(fleet_run: tuple[Path, list[CheckResult], RunInfo]) -> None:

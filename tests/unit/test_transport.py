@@ -509,6 +509,48 @@ def test_remote_command_dies_when_the_session_goes(
     assert _wait_dead([pid], within_s=5)
 
 
+# A child that leaves with setsid() and writes "<pid> <session id>" (its own /proc stat).
+_SETSID_CHILD = ("setsid sh -c 'read -r pid comm state ppid pgrp sid rest < /proc/self/stat; "
+                 "echo \"$pid $sid\" > \"$0\"; exec sleep 300' {pidfile} "
+                 "</dev/null >/dev/null 2>&1 &")
+
+
+def _setsid_child(pidfile: Path) -> int:
+    """The child's pid, once it has written it, after checking that it left the command's
+    session (it leads its own)."""
+    deadline = time.monotonic() + 5
+    while not (pidfile.exists() and pidfile.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, "the setsid child never started"
+        time.sleep(0.02)
+    pid, sid = pidfile.read_text().split()
+    assert pid == sid
+    return int(pid)
+
+
+@pytest.mark.parametrize("ends", ["exits", "times_out"])
+def test_a_setsid_child_does_not_outlive_the_command(connect: object, tmp_path: Path,
+                                                     ends: str) -> None:
+    """A child that calls setsid() leaves the command's process group and session, so no kill
+    aimed at the group reaches it (issue 28: it outlived the run). The wrapper kills what
+    carries the command's marker once the command has ended, however it ended."""
+    pidfile = tmp_path / "pid"
+    t = connect("ok")  # type: ignore[operator]
+    # the command waits for its child to start, then exits (or hangs past its timeout)
+    rest = "exit 0" if ends == "exits" else "exec sleep 60"
+    r = t.run(["sh", "-c", _SETSID_CHILD.format(pidfile=pidfile)
+               + f" while [ ! -s {pidfile} ]; do sleep 0.02; done; {rest}"], timeout=2)
+    assert r.timed_out is (ends == "times_out") and r.rc == (-1 if r.timed_out else 0)
+    assert _wait_dead([_setsid_child(pidfile)], within_s=3)
+
+
+def test_local_a_setsid_child_does_not_outlive_the_command(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    r = LocalTransport().run(["sh", "-c", _SETSID_CHILD.format(pidfile=pidfile)
+                              + f" while [ ! -s {pidfile} ]; do sleep 0.02; done"], timeout=10)
+    assert r.ok
+    assert _wait_dead([_setsid_child(pidfile)], within_s=3)
+
+
 def _swallow(fn: object) -> None:
     with contextlib.suppress(TransportError):
         fn()  # type: ignore[operator]

@@ -14,6 +14,7 @@ import math
 import re
 import shlex
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -33,7 +34,7 @@ from validate.model import (
 )
 from validate.parsers import ParseError
 from validate.profiles import Band, Profile
-from validate.transport import CommandResult, Transport, TransportError
+from validate.transport import CommandResult, Transport, TransportError, Unresponsive
 
 T = TypeVar("T")
 
@@ -41,6 +42,9 @@ T = TypeVar("T")
 # fixtures/nvidia-smi-nodriver/).
 _NO_DRIVER = re.compile(r"couldn't communicate with the NVIDIA driver", re.IGNORECASE)
 CODE_DRIVER_NOT_LOADED = "gpu.driver.not_loaded"
+# How long ``true`` may take to answer after a command timed out (NodeContext): the SSH step
+# budget's default.
+DEFAULT_PROBE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +119,16 @@ class NodeContext:
     hangs for ``-q -x``, ``topo -m`` and ``nvlink -s`` alike, and each would cost a full
     timeout. Later commands of that tool raise a ``tool.timeout`` ToolFailure saying so.
 
+    A command that times out asks whether the node itself still answers: ``true``, within
+    ``probe_timeout_s``. A node that does not answer that either has stopped answering
+    commands altogether (it accepts them and never replies): the timed-out command raises
+    :class:`~validate.transport.Unresponsive` (``host.unresponsive``, exit 3), and the runner
+    gives every later check that row at once instead of one full timeout per tool. Where the
+    transport runs two commands at once, the probe is sent beside a command still running
+    ``probe_timeout_s`` before its timeout (at half of it at the earliest), so that the verdict
+    is in when the timeout fires: the node costs that one timeout; otherwise it is sent after
+    the timeout.
+
     :meth:`prefetch` starts a command a later check will run beside the checks that run now,
     when the transport can run two at once: a node whose tools all hang then costs one timeout,
     not one per tool, and a healthy node one round trip less. :meth:`settle` waits for what
@@ -130,6 +144,11 @@ class NodeContext:
     _parsed: dict[tuple[object, tuple[str, ...]], object] = field(default_factory=dict)
     _started: dict[tuple[str, ...], Future[CommandResult]] = field(default_factory=dict)
     _gone: TransportError | None = None
+    # Seconds the liveness probe after a timeout may take (None: no probe).
+    probe_timeout_s: float | None = DEFAULT_PROBE_TIMEOUT_S
+    _probe_lock: threading.Lock = field(default_factory=threading.Lock)
+    _probe: tuple[float, Future[CommandResult | TransportError]] | None = None
+    _silent: TransportError | None = None
 
     def gone(self, error: TransportError) -> None:
         """The node cannot be asked any more: every later command raises ``error`` without
@@ -208,17 +227,78 @@ class NodeContext:
                 CODE_TIMEOUT,
                 f"not started: {name} already timed out on this node ({self._timed_out[name]})",
             )
+        seconds = timeout or self.default_timeout_s
+        started = time.monotonic()
+        early = None
+        if self.probe_timeout_s is not None and getattr(self.transport, "concurrent_runs", False):
+            # Not before half the command's timeout: most commands are over by then, and a
+            # probe beside each of them would double what a node is asked.
+            lead = max(seconds - self.probe_timeout_s, seconds / 2)
+            early = threading.Timer(lead, self._probe_since, (started,))
+            early.daemon = True
+            early.start()
         try:
-            result = self.transport.run(key, timeout or self.default_timeout_s)
+            result = self.transport.run(key, seconds)
         except TransportError as exc:
             if cached:
                 self._cache[key] = exc
             raise
+        finally:
+            if early is not None:
+                early.cancel()
         if result.timed_out:
             self._timed_out[name] = f"{shlex.join(key)[:80]} killed after {result.duration_s:.1f} s"
+            try:
+                self._still_answering(name, result, started)
+            except TransportError as exc:
+                if cached:
+                    self._cache[key] = exc
+                raise
         if cached:
             self._cache[key] = result
         return result
+
+    def _probe_since(self, since: float) -> Future[CommandResult | TransportError]:
+        """The liveness probe (``true``) sent at or after ``since``: the one under way or done,
+        else a new one in a thread of its own. One node sends one probe at a time."""
+        with self._probe_lock:
+            if self._probe is not None and self._probe[0] >= since:
+                return self._probe[1]
+            answer: Future[CommandResult | TransportError] = Future()
+            self._probe = (time.monotonic(), answer)
+        assert self.probe_timeout_s is not None
+
+        def work(budget: float) -> None:
+            try:
+                answer.set_result(self.transport.run(("true",), budget))
+            except TransportError as exc:
+                answer.set_result(exc)
+            except BaseException as exc:  # handed to whoever waits for the verdict
+                answer.set_exception(exc)
+
+        threading.Thread(target=work, args=(self.probe_timeout_s,), daemon=True,
+                         name=f"validate-{self.node.name}-probe").start()
+        return answer
+
+    def _still_answering(self, name: str, timed_out: CommandResult, since: float) -> None:
+        """After ``name`` (started at ``since``) timed out: raise the node's TransportError when
+        a ``true`` sent since then got no answer either (see the class docstring); return when
+        it did (only the tool hangs). Once the node is known silent, every caller gets that."""
+        if self.probe_timeout_s is None:
+            return
+        if self._silent is None:
+            probe = self._probe_since(since).result()
+            if isinstance(probe, CommandResult) and not probe.timed_out:
+                return
+            silent = probe if isinstance(probe, TransportError) else Unresponsive(
+                self.node.name,
+                f"stopped answering commands: {name} got no answer within "
+                f"{timed_out.duration_s:.1f} s, nor `true` within {probe.duration_s:.1f} s; "
+                "its remaining checks were not started")
+            with self._probe_lock:
+                if self._silent is None:
+                    self._silent = silent
+        raise self._silent
 
     def as_root(self, argv: Sequence[str]) -> tuple[str, ...]:
         """argv as a command that needs root runs: through ``sudo -n -u <become user> --``
@@ -306,11 +386,15 @@ def check_result(result: CommandResult, tool: str | None = None) -> None:
 
 
 def parsed(parser: Callable[[str], T], text: str, what: str) -> T:
-    """``parser(text)``, with a ParseError turned into a ToolFailure naming ``what``."""
+    """``parser(text)``, with a ParseError turned into a ToolFailure naming ``what``. Output
+    nested deeper than Python's recursion limit (a node printing 100,000 nested brackets) is a
+    parse error too, wherever a parser met it."""
     try:
         return parser(text)
     except ParseError as exc:
         raise ToolFailure(CODE_PARSE, f"{what}: {exc}") from exc
+    except RecursionError:
+        raise ToolFailure(CODE_PARSE, f"{what}: output nested too deeply to parse") from None
 
 
 class Check(ABC):

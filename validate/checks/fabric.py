@@ -2,14 +2,16 @@
 
 Rows: ``active_ports`` (ports Active+LinkUp against the profile's ``nic_count``; code
 ``fabric.ib.port_down``) and ``min_rate_gbps`` (slowest active port against ``nic_rate_gbps``;
-code ``fabric.ib.rate_low``). Skipped for pools without RDMA NICs.
+code ``fabric.ib.rate_low``). Skipped for pools without RDMA NICs. A port rate above the
+physical ceiling is a ``tool.implausible`` error, not a figure.
 """
 
 from __future__ import annotations
 
-from validate.checks.base import Check, NodeContext, Verdict, parsed
-from validate.model import Status
+from validate.checks.base import Check, NodeContext, ToolFailure, Verdict, parsed
+from validate.model import CODE_IMPLAUSIBLE, Status
 from validate.parsers import ibstat
+from validate.profiles import CEILING_NIC_GBPS
 
 
 class FabricIb(Check):
@@ -46,6 +48,12 @@ def judge_ib(
         if link_layer is None or p.link_layer == link_layer
     ]
     up = [(n, p) for n, p in ports if p.state == "Active" and p.physical_state == "LinkUp"]
+    absurd = [f"{n}/{p.number}: {p.rate_gbps:g} Gb/s" for n, p in up
+              if not p.rate_gbps <= CEILING_NIC_GBPS]
+    if absurd:
+        raise ToolFailure(CODE_IMPLAUSIBLE, f"ibstat reports {', '.join(absurd)}, above the "
+                                            f"{CEILING_NIC_GBPS:g} Gb/s any port carries: not a "
+                                            "measurement")
     down = [f"{n}/{p.number}: {p.state}/{p.physical_state}" for n, p in ports if (n, p) not in up]
     down += list(report.errors)
     count_ok = len(up) >= nic_count

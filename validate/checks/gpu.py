@@ -8,11 +8,13 @@ Codes: ``gpu.count.missing``/``gpu.count.extra``, ``gpu.model.mismatch``,
 mode_disabled,mode_enabled}``,
 ``gpu.pcie.{degraded,below_spec}``, ``gpu.nvlink.down``, ``gpu.topology.{gpu_count,no_nvlink,
 unexpected_nvlink,nic_far}``, ``gpu.persistence.disabled``, ``gpu.xid.<code>``,
+``gpu.xid.journal_unreadable`` (an error: journalctl could not read the system journal),
 ``gpu.throttle.<reason>``.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 
@@ -530,7 +532,14 @@ class GpuXid(Check):
         argv = self._argv(window)
         # The system journal (kernel messages included) is readable by root and a few groups
         # only: a login user without them would read an empty log and pass.
-        events = parsed(xid.parse, ctx.output(argv, root=True).stdout, "journalctl (kernel log)")
+        result = ctx.output(argv, root=True)
+        unreadable = _JOURNAL_UNREADABLE.search(result.stderr)
+        if unreadable:
+            # journalctl exits 0 and prints "-- No entries --" when it may not read the system
+            # journal or there is none: an empty log read that way is no evidence of health.
+            raise ToolFailure(CODE_JOURNAL_UNREADABLE,
+                              f"journalctl read no kernel log: {unreadable.group(0).strip()}")
+        events = parsed(xid.parse, result.stdout, "journalctl (kernel log)")
         p = ctx.profile
         return judge_xid(
             events,
@@ -540,6 +549,14 @@ class GpuXid(Check):
             p.value("xid.ignore_codes", list),
             p.value("xid.severity_status", dict),
         )
+
+
+# journalctl's stderr when it could not read the system journal (real messages: systemd's
+# journalctl without journal files, and as a user outside the adm/systemd-journal groups).
+_JOURNAL_UNREADABLE = re.compile(
+    r"No journal files were (?:found|opened)[^\n]*|"
+    r"You are currently not seeing messages from other users and the system[^\n]*")
+CODE_JOURNAL_UNREADABLE = "gpu.xid.journal_unreadable"
 
 
 def judge_xid(

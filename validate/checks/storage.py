@@ -25,8 +25,14 @@ Safety rules (the same for both checks):
 storage.fio rows: ``seq_write_mibps``, ``seq_read_mibps`` (1 MiB blocks, QD16) and
 ``randread_4k_iops`` (QD32), from ``fio --output-format=json``; bands per drive class.
 storage.checkpoint rows: ``write_gbps``/``read_gbps`` (value) with seconds in the detail.
+Before a figure is judged, the tool's own word is: a dd or fio that exited non-zero is an error
+row quoting it, and a figure that cannot be a measurement (dd copied other than the bytes
+asked, a step under a millisecond, a rate above the physical ceilings of validate.profiles,
+a fio job that moved nothing) is a ``tool.implausible`` error row, never a pass.
+
 Codes: ``storage.fio.<metric>_low``, ``storage.checkpoint.{write,read}_slow``,
-``storage.path_refused``, ``storage.no_space``, ``inventory.invalid``.
+``storage.path_refused``, ``storage.no_space``, ``inventory.invalid``, ``tool.exit_nonzero``,
+``tool.implausible``.
 """
 
 from __future__ import annotations
@@ -48,9 +54,9 @@ from validate.checks.base import (
     judged,
     parsed,
 )
-from validate.model import CODE_PARSE, Status
+from validate.model import CODE_EXIT, CODE_IMPLAUSIBLE, CODE_PARSE, Status
 from validate.parsers import fio
-from validate.profiles import Band
+from validate.profiles import CEILING_DD_GBPS, CEILING_FIO_IOPS, CEILING_FIO_MIBPS, Band
 
 LOG = logging.getLogger(__name__)
 CODE_PATH_REFUSED = "storage.path_refused"
@@ -135,7 +141,8 @@ def guarded_script(
         )
     lines += [
         "avail=$(df -Pk -- \"$base\" | awk 'NR==2 {print $4}')",
-        f'if [ -z "$avail" ] || [ "$avail" -lt {need_kib} ]; then '
+        # "! [ -ge ]", not "[ -lt ]": a figure the shell cannot compare must refuse, not pass.
+        f'if [ -z "$avail" ] || ! [ "$avail" -ge {need_kib} ] 2>/dev/null; then '
         f'echo "gpuready: $base has ${{avail:-?}} KiB free, need {need_kib}" >&2; '
         f"exit {_RC_NO_SPACE}; fi",
         'mkdir -m 0700 -- "$work" || exit 1',
@@ -258,7 +265,8 @@ FIO_METRICS = ("seq_write_mibps", "seq_read_mibps", "randread_4k_iops")
 
 def judge_fio(run: fio.FioRun, bands: Mapping[str, Band]) -> list[Verdict]:
     """Rows for the three fio jobs, found by their ``rw`` option (write, read, randread) so
-    any job names work; a job fio reports an error for is an error row."""
+    any job names work; a job fio reports an error for is an error row, and so is one whose
+    figure cannot be a measurement (no bytes, no time, above the physical ceiling)."""
     by_rw: dict[str, fio.FioJob] = {}
     for each in run.jobs:
         rw = dict(each.options).get("rw") or dict(run.global_options).get("rw", "")
@@ -274,12 +282,18 @@ def judge_fio(run: fio.FioRun, bands: Mapping[str, Band]) -> list[Verdict]:
             raise ToolFailure(CODE_PARSE, f"fio output has no rw={rw} job")
         if job.error:
             raise ToolFailure("tool.exit_nonzero", f"fio job {job.name} failed: error {job.error}")
-        if rw == "write":
-            value = job.write.bw_bytes_per_s / 2**20
-        elif rw == "read":
-            value = job.read.bw_bytes_per_s / 2**20
-        else:
-            value = job.read.iops
+        io = job.write if rw == "write" else job.read
+        value = io.iops if rw == "randread" else io.bw_bytes_per_s / 2**20
+        ceiling = CEILING_FIO_IOPS if rw == "randread" else CEILING_FIO_MIBPS
+        # A job that moved nothing, or in no time, or faster than any drive array, did not
+        # measure the disk (a wrong file, a cache, a broken fio): no figure, an error.
+        if io.io_bytes <= 0 or io.runtime_ms <= 0:
+            raise ToolFailure(CODE_IMPLAUSIBLE, f"fio job {job.name} moved {io.io_bytes} bytes "
+                                                f"in {io.runtime_ms} ms: not a measurement")
+        if value > ceiling:
+            raise ToolFailure(CODE_IMPLAUSIBLE, f"fio job {job.name} reports {value:.6g} "
+                                                f"{unit}, above the {ceiling:g} {unit} one fio "
+                                                "job can reach: not a measurement")
         out.append(
             judged(
                 metric,
@@ -307,28 +321,8 @@ class StorageCheckpoint(Check):
                          "checkpoint.size_mib")
         work = work_dir(base, "checkpoint", ctx.run_id)
         f = remote_path(posixpath.join(work, "checkpoint.bin"), "checkpoint file")
-        # /dev/zero is compressible: on compressing filesystems the figure is optimistic.
-        # The read uses O_DIRECT so that the page cache the write just filled is not measured.
-        body = [
-            [
-                "sh",
-                "-c",
-                't0=$(date +%s%N); dd if=/dev/zero of="$1" bs=1M count="$2" '
-                'conv=fsync status=none; t1=$(date +%s%N); echo "write_ns=$((t1-t0))"',
-                "ckpt-write",
-                f,
-                str(size),
-            ],
-            [
-                "sh",
-                "-c",
-                't0=$(date +%s%N); dd if="$1" of=/dev/null bs=1M iflag=direct '
-                'status=none 2>/dev/null || dd if="$1" of=/dev/null bs=1M status=none; '
-                't1=$(date +%s%N); echo "read_ns=$((t1-t0))"',
-                "ckpt-read",
-                f,
-            ],
-        ]
+        body = [["sh", "-c", CHECKPOINT_WRITE, "ckpt-write", f, str(size)],
+                ["sh", "-c", CHECKPOINT_READ, "ckpt-read", f]]
         out = _run_guarded(
             ctx, self.id, base, size, body, work, p.value("checkpoint.timeout_s", float, 300.0),
             "dd",
@@ -338,24 +332,86 @@ class StorageCheckpoint(Check):
         )
 
 
+# The checkpoint's two steps (sh -c, $1 the file, $2 the size in MiB). Each prints its time,
+# exit status and the bytes dd says it copied (its own summary line, "<n> bytes ... copied",
+# in the C locale); a dd that failed ends the step with its status and its message, so the
+# check is an error row that quotes dd, never a figure. A file size limit (ulimit -f,
+# LimitFSIZE=) makes dd fail with "File too large" rather than die from SIGXFSZ without a word.
+# /dev/zero is compressible: on compressing filesystems the figure is optimistic.
+def _dd_step_end(step: str) -> str:
+    """sh that reports one dd step (its ``err``, ``rc``, ``t0``, ``t1``) and ends it with dd's
+    status and message when dd failed."""
+    return (
+        f'echo "{step}_ns=$((t1-t0))"; echo "{step}_rc=$rc"; '
+        f'echo "{step}_bytes=$(printf "%s\\n" "$err" | '
+        r'sed -n "s/^\([0-9][0-9]*\) bytes.*/\1/p" | tail -n 1)"; '
+        f'if [ "$rc" != 0 ]; then printf "dd ({step}) exited %s: %s\\n" "$rc" '
+        '"$(printf "%s\\n" "$err" | grep -v -e " records in$" -e " records out$")" >&2; '
+        'exit "$rc"; fi'
+    )
+
+
+CHECKPOINT_WRITE = (
+    "trap '' XFSZ; export LC_ALL=C; t0=$(date +%s%N); "
+    'err=$(dd if=/dev/zero of="$1" bs=1M count="$2" conv=fsync 2>&1); rc=$?; '
+    "t1=$(date +%s%N); " + _dd_step_end("write")
+)
+# O_DIRECT, so that the page cache the write just filled is not measured; a filesystem that
+# refuses O_DIRECT (tmpfs) is read through the cache, timed from the second start.
+CHECKPOINT_READ = (
+    "export LC_ALL=C; t0=$(date +%s%N); "
+    'if err=$(dd if="$1" of=/dev/null bs=1M iflag=direct 2>&1); then rc=0; else '
+    't0=$(date +%s%N); err=$(dd if="$1" of=/dev/null bs=1M 2>&1); rc=$?; fi; '
+    "t1=$(date +%s%N); " + _dd_step_end("read")
+)
+# Below this a timing is a clock artefact (or no work done), not a measurement.
+MIN_ELAPSED_S = 0.001
+
+
 def judge_checkpoint(
     stdout: str, size_mib: int, write_band: Band, read_band: Band
 ) -> list[Verdict]:
-    """Rows ``write_gbps``/``read_gbps`` (GB/s = 1e9 bytes/s) from the script's timings."""
-    found = dict(re.findall(r"^(write_ns|read_ns)=(\d+)$", stdout, re.MULTILINE))
-    if set(found) != {"write_ns", "read_ns"}:
-        raise ToolFailure(CODE_PARSE, f"checkpoint timings missing in {stdout.strip()[:200]!r}")
+    """Rows ``write_gbps``/``read_gbps`` (GB/s = 1e9 bytes/s) from the script's timings, once
+    each step is shown to be a measurement: dd copied exactly the bytes asked, in at least
+    :data:`MIN_ELAPSED_S`, at no more than :data:`~validate.profiles.CEILING_DD_GBPS`; else a
+    ``tool.implausible`` error naming what is wrong."""
+    found = dict(re.findall(r"^((?:write|read)_(?:ns|bytes|rc))=(-?\d*)$", stdout, re.MULTILINE))
+    missing = [k for k in ("write_ns", "write_bytes", "read_ns", "read_bytes") if k not in found
+               or (not found[k] and not k.endswith("_bytes"))]
+    if missing:
+        raise ToolFailure(CODE_PARSE, f"checkpoint {', '.join(missing)} missing in "
+                                      f"{stdout.strip()[:200]!r}")
     size_bytes = size_mib * 2**20
     out = []
-    for metric, key, band in (
-        ("write_gbps", "write_ns", write_band),
-        ("read_gbps", "read_ns", read_band),
+    for metric, step, band in (
+        ("write_gbps", "write", write_band),
+        ("read_gbps", "read", read_band),
     ):
-        seconds = max(int(found[key]) / 1e9, 1e-9)
+        rc = int(found.get(f"{step}_rc") or "0")
+        if rc != 0:  # the script exits with it; a caller that kept going still gets no figure
+            raise ToolFailure(CODE_EXIT, f"dd ({step}) exited {rc}")
+        if not found[f"{step}_bytes"]:
+            raise ToolFailure(CODE_IMPLAUSIBLE, f"dd ({step}) exited 0 without saying how many "
+                                                "bytes it copied")
+        moved, seconds = int(found[f"{step}_bytes"]), int(found[f"{step}_ns"]) / 1e9
+        if moved != size_bytes:
+            raise ToolFailure(CODE_IMPLAUSIBLE, f"dd ({step}) copied {moved} bytes of the "
+                                                f"{size_bytes} asked ({size_mib} MiB)")
+        if seconds < MIN_ELAPSED_S:
+            raise ToolFailure(CODE_IMPLAUSIBLE, f"dd ({step}) of {size_mib} MiB took "
+                                                f"{seconds * 1e3:.3f} ms, under the "
+                                                f"{MIN_ELAPSED_S * 1e3:g} ms floor: not a "
+                                                "measurement")
+        rate = size_bytes / seconds / 1e9
+        if rate > CEILING_DD_GBPS:
+            raise ToolFailure(CODE_IMPLAUSIBLE, f"dd ({step}) of {size_mib} MiB in "
+                                                f"{seconds:.4f} s is {rate:.4g} GB/s, above the "
+                                                f"{CEILING_DD_GBPS:g} GB/s one dd can move: not "
+                                                "a measurement")
         out.append(
             judged(
                 metric,
-                round(size_bytes / seconds / 1e9, 3),
+                round(rate, 3),
                 "GB/s",
                 band,
                 f"storage.checkpoint.{metric.split('_')[0]}_slow",

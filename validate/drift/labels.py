@@ -1,10 +1,12 @@
 """Labels and taints layer: what the gate would change on each node's Node object.
 
 The gate (validate/gate.py) decides a node's labels, taint and annotations under the site's
-prefix from its declared identity and its latest validation run. This layer asks the gate's
-own decision function (:func:`validate.gate.decide`) for every node, against the Node as the
-API server has it (one list with the official ``kubernetes`` client, read as the gate reads
-it), and reports each change the gate would make as a finding:
+prefix with one pure function, :func:`validate.labels.decide`, from the node's declared
+identity, what a validation run holds about it (validate/evidence.py) and its Node.
+This layer asks that same decision (:func:`validate.gate.decision_for`, with the node's own
+freshness window and taint effect) for every node, against the Node as the API server has it
+(one list with the official ``kubernetes`` client, read as the gate reads it), and reports each
+change the gate would make as a finding:
 
 ========================  ==================================================================
 item                      ``label <key>``, ``annotation <key>``, ``taint <key>``
@@ -16,15 +18,26 @@ A GPU node of the inventory with no Node is ``Node object``: declared ``register
 ``absent``. Only the gate's keys are compared; labels of other owners (GPU Feature Discovery's
 ``nvidia.com/*``, the kubelet's) are the gate's input, never drift.
 
-The run a node is judged from is the newest validation run (not a drift run) under the
-history roots that has rows for it, read with the gate's own reader; a node no validation run
-covers cannot be compared (``unavailable``: the gate has nothing to decide from).
+The run a node is judged from is the newest validation run (not a drift run,
+validate/runinfo.py's ``run_kind``) under the history roots that has rows for it, read with the
+gate's own reader. Every rule of the gate applies: freshness (``gpuready_gate_max_run_age``),
+completeness, finite values, quarantine, the failed taint and its effect, ``last-run``.
 
-When the layer cannot be compared at all (no label prefix, no kubeconfig or one that does not
-load, an API server that cannot be reached or refuses) every node gets one ``unavailable``
-finding saying why, and :attr:`LabelsLayer.unavailable` says it once for the console. An
-unavailable layer makes the run incomplete (exit 2, validate/drift/model.py) unless
-``--layers`` left it out.
+Not compared (``unavailable``, one finding per node, item ``labels and taints``, actual
+``not compared: <why>``):
+
+- ``no validation run``: no validation run under the history roots holds the node;
+- ``held (<codes>)``: the gate would leave the Node as it is (a run older than the pool's
+  window, one that cannot admit a passing node, one older than the run that last judged the
+  Node: ``gate.stale_run``, ``gate.incomplete_run``, ``gate.non_finite_value``,
+  ``gate.superseded_run``). Comparing the Node with itself would always say "no drift", so the
+  layer says it did not look;
+- the whole layer (no label prefix, no kubeconfig or one that does not load, an API server
+  that cannot be reached or refuses): every node gets the finding with that reason, and
+  :attr:`LabelsLayer.unavailable` says it once for the console.
+
+Any of these makes the run incomplete (exit 2, validate/drift/model.py) unless ``--layers`` left
+the labels layer out.
 """
 
 from __future__ import annotations
@@ -36,20 +49,38 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 import pyarrow.parquet as pq
 
-from validate import gate
+from validate import gate, runinfo
 from validate.drift.model import Finding, FindingStatus, Layer
+from validate.evidence import EmptyRun, read_run
 from validate.inventory import Node
-from validate.labels import IdentityError, NodeResults
+from validate.labels import (
+    CODE_INCOMPLETE,
+    CODE_NON_FINITE,
+    CODE_STALE,
+    CODE_SUPERSEDED,
+    IdentityError,
+    plan_node,
+)
 from validate.profiles import ProfileError
-from validate.report import LATEST, PARTIAL_SUFFIX
-from validate.runinfo import RUN_INFO_FILE, RUN_KIND_VALIDATION
+from validate.report import LATEST, PARTIAL_SUFFIX, ResultsError
 
 ITEM = "labels and taints"
 SOURCE = "gate decision vs Node (API server)"
-DRIFT_META = "drift.json"
+DECLARED = "compared with the gate"
+NOT_COMPARED = "not compared"
 RESULTS_FILES = ("results.parquet", "results.csv")
+# What to do about a node the gate holds, by the code that holds it.
+_HINTS = {
+    CODE_STALE: "validate the node again (python -m validate run)",
+    CODE_INCOMPLETE: "validate the node again with every check (python -m validate run "
+                     "without --checks)",
+    CODE_NON_FINITE: "the results file is damaged: validate the node again",
+    CODE_SUPERSEDED: "a newer run than any under the history roots judged the Node: point "
+                     "--history at the reports the gate reads",
+}
 
 
 @dataclass
@@ -61,22 +92,11 @@ class LabelsLayer:
     unavailable: str = ""
 
 
-def _run_kind(run_dir: Path) -> str:
-    if (run_dir / DRIFT_META).is_file():
-        return "drift"
-    try:
-        doc = json.loads((run_dir / RUN_INFO_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return RUN_KIND_VALIDATION  # written before run.json: a validation run
-    kind = doc.get("run_kind", RUN_KIND_VALIDATION) if isinstance(doc, dict) else None
-    return str(kind)
-
-
 def _started(run_dir: Path, results: Path) -> str:
     """When the run started (run.json), else when its results were written: run ids given with
     --run-id need not sort by time."""
     try:
-        doc = json.loads((run_dir / RUN_INFO_FILE).read_text(encoding="utf-8"))
+        doc = json.loads((run_dir / runinfo.RUN_INFO_FILE).read_text(encoding="utf-8"))
         if isinstance(doc, dict) and isinstance(doc.get("started"), str):
             return str(doc["started"])
     except (OSError, ValueError):
@@ -99,45 +119,48 @@ def validation_runs(roots: Iterable[Path]) -> list[Path]:
                 run_dir = Path(entry.path)
                 results = next((run_dir / f for f in RESULTS_FILES
                                 if (run_dir / f).is_file()), None)
-                if results is None or _run_kind(run_dir) != RUN_KIND_VALIDATION:
+                if results is None or runinfo.run_kind(run_dir) != runinfo.VALIDATION:
                     continue
                 found[entry.name] = (_started(run_dir, results), entry.name, run_dir)
     # Runs started in the same second: the run id decides (default ids sort by time).
     return [path for *_, path in sorted(found.values(), reverse=True)]
 
 
-def _nodes_in(run_dir: Path) -> set[str]:
+def _nodes_in(run_dir: Path) -> set[str] | None:
+    """The nodes a run has rows for, from the Parquet file's one column (None: no Parquet
+    file, read the run to know)."""
     parquet = run_dir / "results.parquet"
-    if parquet.is_file():
-        column = pq.read_table(parquet, columns=["node"]).column("node")
-        return {str(v) for v in column.to_pylist()}
-    return set(gate.run_results(run_dir))
+    if not parquet.is_file():
+        return None
+    return {str(v) for v in pq.read_table(parquet, columns=["node"]).column("node").to_pylist()}
 
 
-def latest_results(roots: Iterable[Path], names: Sequence[str]
-                   ) -> dict[str, NodeResults]:
-    """Per node, what its newest validation run says (the gate's own reader)."""
+def latest_rows(roots: Iterable[Path], names: Sequence[str]
+                ) -> dict[str, tuple[str, pd.DataFrame]]:
+    """Per node, its newest validation run's id and its rows there (the gate's reader)."""
     wanted = set(names)
-    out: dict[str, NodeResults] = {}
+    out: dict[str, tuple[str, pd.DataFrame]] = {}
     for run_dir in validation_runs(roots):
-        if not wanted - set(out):
+        left = wanted - set(out)
+        if not left:
             break
         try:
-            if not (_nodes_in(run_dir) & (wanted - set(out))):
+            present = _nodes_in(run_dir)
+            if present is not None and not present & left:
                 continue
-            results = gate.run_results(run_dir)
-        except (OSError, ValueError, gate.GateError):
-            continue  # a damaged run is not evidence; an older one may be
-        for name in wanted - set(out):
-            if name in results:
-                out[name] = results[name]
+            run = read_run(run_dir)
+        except (OSError, ValueError, ResultsError, EmptyRun):
+            continue  # a damaged or empty run is not evidence; an older one may be
+        for name, rows in run.rows.groupby("node", sort=True):
+            if str(name) in left:
+                out[str(name)] = (run.run_id, rows)
     return out
 
 
 def unavailable_findings(nodes: Sequence[Node], why: str) -> list[Finding]:
     """One ``unavailable`` finding per node: the layer was not compared, for ``why``."""
-    return [Finding(n.name, n.pool, Layer.LABELS, ITEM, "compared with the gate",
-                    "not compared", FindingStatus.UNAVAILABLE, why, "labels") for n in nodes]
+    return [Finding(n.name, n.pool, Layer.LABELS, ITEM, DECLARED, NOT_COMPARED,
+                    FindingStatus.UNAVAILABLE, why, "labels") for n in nodes]
 
 
 def _unavailable(nodes: Sequence[Node], why: str) -> LabelsLayer:
@@ -145,20 +168,22 @@ def _unavailable(nodes: Sequence[Node], why: str) -> LabelsLayer:
 
 
 def layer(nodes: Sequence[Node], roots: Sequence[Path], *, kubeconfig: Path | None = None,
-          api_factory: Callable[[Path | None], gate.NodeApi] = gate.KubeNodeApi
-          ) -> LabelsLayer:
-    """The labels layer for ``nodes``, judged from the validation runs under ``roots``."""
+          api_factory: Callable[[Path | None], gate.NodeApi] = gate.KubeNodeApi,
+          now: datetime | None = None) -> LabelsLayer:
+    """The labels layer for ``nodes``, judged from the validation runs under ``roots`` at
+    ``now`` (default: the current time; the gate's freshness window counts from it)."""
     try:
-        prefix, config = gate.inventory_settings(nodes, kubeconfig=kubeconfig)
+        setup = gate.setup_for(nodes, kubeconfig=kubeconfig)
     except (gate.GateError, ValueError) as exc:
         return _unavailable(nodes, f"the gate's settings: {exc}")
-    results = latest_results(roots, [n.name for n in nodes])
+    runs = latest_rows(roots, [n.name for n in nodes])
     try:
-        api = api_factory(config)
+        api = api_factory(setup.kubeconfig)
         objects: Mapping[str, Mapping[str, object]] = {
             str(o["metadata"]["name"]): o for o in api.list_nodes()}
     except gate.GateError as exc:
         return _unavailable(nodes, str(exc))
+    when = now or datetime.now(UTC)
     out = LabelsLayer()
     where = ", ".join(str(r) for r in roots)
     for node in nodes:
@@ -167,29 +192,36 @@ def layer(nodes: Sequence[Node], roots: Sequence[Path], *, kubeconfig: Path | No
             out.findings.append(Finding(node.name, node.pool, Layer.LABELS, item, declared,
                                         actual, status, detail, SOURCE))
 
-        result = results.get(node.name)
-        if result is None:
-            add(ITEM, "compared with the gate", "not compared", FindingStatus.UNAVAILABLE,
+        found = runs.get(node.name)
+        if found is None:
+            add(ITEM, DECLARED, f"{NOT_COMPARED}: no validation run", FindingStatus.UNAVAILABLE,
                 f"no validation run of this node under {where}: the gate has nothing to decide "
                 "from (run `python -m validate run`, or point --history at its reports)")
             continue
+        run_id, rows = found
+        name = node.desired.gate.node_name or node.name
+        obj = objects.get(name)
         try:
-            identity = gate.identity_of(node)
-        except ProfileError as exc:
-            add(ITEM, "compared with the gate", "not compared", FindingStatus.ERROR, str(exc))
+            wanted = gate.decision_for(node, rows, run_id, obj, setup.prefix, now=when)
+        except (ProfileError, IdentityError) as exc:
+            add(ITEM, DECLARED, NOT_COMPARED, FindingStatus.ERROR, str(exc))
             continue
-        obj = objects.get(identity.name)
+        if wanted.hold:
+            codes = ", ".join(wanted.codes)
+            hints = list(dict.fromkeys(_HINTS[c] for c in wanted.codes if c in _HINTS))
+            add(ITEM, DECLARED, f"{NOT_COMPARED}: held ({codes})", FindingStatus.UNAVAILABLE,
+                f"the gate would leave the Node as it is on run {run_id} (held: {codes}): "
+                + "; ".join(wanted.reasons)
+                + ". Drift compares the Node only with a decision the gate would act on, so its "
+                "labels and taints are not watched until it has one"
+                + (f" ({'; '.join(hints)})" if hints else ""))
+            continue
         if obj is None:
             add("Node object", "registered", "absent", FindingStatus.DRIFT,
-                f"no Node named {identity.name} in the cluster at {api.server} (has it "
-                "joined?)")
+                f"no Node named {name} in the cluster at {api.server} (has it joined?)")
             continue
-        try:
-            wanted, plan = gate.decide(obj, identity, result, prefix)
-        except IdentityError as exc:
-            add(ITEM, "compared with the gate", "not compared", FindingStatus.ERROR, str(exc))
-            continue
-        why = (f"the gate decides {wanted.verdict} from run {result.run_id}"
+        plan = plan_node(obj, wanted, setup.prefix)
+        why = (f"the gate decides {wanted.verdict} from run {run_id}"
                + (f" ({', '.join(wanted.codes)})" if wanted.codes else ""))
         for change in plan.changes:
             add(f"{change.kind} {change.key}", change.new or "absent", change.old or "absent",

@@ -175,7 +175,7 @@ def _run(opts: DriftOptions, nodes: Sequence[Node], perf: Sequence[check_registr
     info = runinfo.start(run_id=run_id, environment=None, inventory=opts.inventory,
                          limit=opts.limit, checks_requested=opts.perf_checks or None,
                          checks=[c.id for c in perf], nodes=nodes,
-                         run_kind=runinfo.RUN_KIND_DRIFT)
+                         run_kind=runinfo.DRIFT)
     pools = {n.name: n.pool for n in nodes}
     by_name = {n.name: n for n in nodes}
     figures = [f for f in FIGURES if f[0] in {c.id for c in perf}]

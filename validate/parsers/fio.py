@@ -11,7 +11,8 @@ Units are normalised, because fio changed them between major versions:
   under ``lat`` with ``lat_percentiles=1``; fio 2.x pads the table with ``"0.00": 0`` entries
   (sometimes several with the same key), which are dropped.
 
-NaN and infinite numbers (``NaN``, ``Infinity``, ``1e999``) raise :class:`ParseError`.
+NaN and infinite numbers (``NaN``, ``Infinity``, ``1e999``) raise :class:`ParseError`, and so
+does a document nested deeper than Python's recursion limit.
 
 fio may print warnings before the JSON document (``fio: ...`` lines); they are skipped and kept
 in ``FioRun.noise``. Anything after the document is ignored.
@@ -178,6 +179,8 @@ def _decode(text: str) -> tuple[object, tuple[str, ...]]:
                 doc, _end = _DECODER.raw_decode(text, start)
             except json.JSONDecodeError as exc:
                 raise ParseError(FORMAT, f"invalid or truncated JSON: {exc}") from None
+            except RecursionError:  # json recurses per nesting level
+                raise ParseError(FORMAT, "JSON nested too deeply to be a fio report") from None
             return doc, noise
         offset += len(line)
     first = next((line.strip() for line in lines if line.strip()), "")

@@ -272,6 +272,9 @@ def parse_json(text: str, *, allow_partial: bool = False) -> NcclRun:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ParseError(JSON_FORMAT, f"invalid JSON: {exc}") from None
+    except RecursionError:  # json recurses per nesting level
+        raise ParseError(JSON_FORMAT, "JSON nested too deeply to be an nccl-tests report"
+                         ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         raise ParseError(JSON_FORMAT, "not an nccl-tests JSON report (no 'results' list)")
     errors_obj = doc.get("errors")

@@ -236,7 +236,10 @@ def parse(text: str) -> NvidiaSmiLog:
     if not isinstance(text, str) or not text.strip():
         raise ParseError(FORMAT, "empty output")
     root = _tree(text)
-    _check_complete(root)
+    try:
+        _check_complete(root)
+    except RecursionError:  # the walk recurses per indentation level
+        raise ParseError(FORMAT, "indentation nested too deeply to be nvidia-smi -q") from None
     header = {c.key: c.value for c in root.children if c.key in _LOG_HEADER_KEYS}
     gpu_nodes: list[tuple[str | None, _Node]] = []
     loose = _Node("", None, -1, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import selectors
 import signal
 import subprocess
@@ -14,11 +15,19 @@ from collections.abc import Sequence
 from validate.transport.base import DEFAULT_MAX_OUTPUT_BYTES, Aborted, CommandResult
 from validate.transport.capture import Capture
 
+# The environment variable that marks a command's processes (see LocalTransport).
+SESSION_MARKER = "GPUREADY_SESSION"
+
 
 class LocalTransport:
     """Runs argv with :mod:`subprocess` in its own process group, so that a timeout (or too
     much output, or :meth:`abort`) kills the command and everything it spawned (a hung tool
-    often forks helpers). Output is read from both pipes as it comes, up to the cap."""
+    often forks helpers). Output is read from both pipes as it comes, up to the cap.
+
+    A child that calls setsid() leaves the process group; so the command runs with
+    ``GPUREADY_SESSION=<token>`` in its environment, which its descendants inherit, and when
+    it has ended every process still carrying that token is killed (the SSH transport's
+    remote wrapper does the same on the node)."""
 
     def __init__(
         self,
@@ -40,7 +49,8 @@ class LocalTransport:
     def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
         args = tuple(argv)
         start = time.monotonic()
-        env = None if self._env is None else {**os.environ, **self._env}
+        token = f"{os.getpid()}.{secrets.token_hex(8)}"
+        env = {**os.environ, **(self._env or {}), SESSION_MARKER: token}
         with self._state:
             if self._aborted is not None:
                 raise self._aborted
@@ -64,6 +74,7 @@ class LocalTransport:
                 self._proc = None
             _kill_group(proc)
             proc.wait()
+            kill_marked(f"{SESSION_MARKER}={token}")
 
     def _collect(
         self, proc: subprocess.Popen[bytes], args: tuple[str, ...], timeout: float, start: float
@@ -122,6 +133,33 @@ class LocalTransport:
             proc = self._proc
         if proc is not None:
             _kill_group(proc)
+
+
+def kill_marked(marker: str, rounds: int = 5) -> list[int]:
+    """SIGKILL every process whose environment holds ``marker`` (``NAME=value``), in a few
+    rounds (one may fork while the others die); the pids found. Processes of other users, and
+    systems without /proc, are out of reach."""
+    want = marker.encode()
+    found: list[int] = []
+    for _ in range(rounds):
+        pids = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry.name}/environ", "rb") as f:
+                        if want in f.read().split(b"\0"):
+                            pids.append(int(entry.name))
+                except OSError:  # gone, or not ours to read
+                    continue
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        found += pids
+    return found
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -28,7 +28,9 @@ the same from the runner (node deadline, interrupt). A stalled step raises
 Remote commands run under :data:`REMOTE_WRAPPER` (see :func:`remote_command`): GNU ``timeout``
 bounds the wall clock and kills the command's process group, and a watcher kills it as soon as
 the SSH session goes away (sshd sends no SIGHUP to a command without a pty, so without it a
-killed validator would leave fio or NCCL running). Output is read to EOF on both streams before
+killed validator would leave fio or NCCL running). When the command has ended, whatever it
+left running, in its process group or not (a ``setsid`` child), is killed too: nothing a check
+started outlives it. Output is read to EOF on both streams before
 the exit status is taken: a server may send data after the status.
 """
 
@@ -78,9 +80,19 @@ _TICK_S = 0.2
 # reads it until EOF: sshd closes it when the channel closes or the connection dies. The watcher
 # then sends TERM to GNU timeout, which passes it to the command's process group and sends KILL
 # 5 s later (--kill-after). The client never sends EOF itself, so EOF means "session gone".
+#
+# A process group is not the whole command: a child that calls setsid() leaves it (and its
+# session), and outlives every kill aimed at the group. So the command runs with a marker in
+# its environment, GPUREADY_SESSION=<this wrapper's pid and start time>, which every
+# descendant inherits through setsid and double forks (Jenkins' ProcessTreeKiller finds a
+# build's processes the same way). When the command has ended, by itself, by its timeout or
+# with the session, the wrapper KILLs every process still carrying the marker (a few rounds,
+# for one that forked meanwhile). Processes that clear their environment, or run through sudo
+# (which resets it), are out of its reach.
 REMOTE_WRAPPER = (
+    'tok="$$.$(date +%s%N 2>/dev/null)"\n'
     "exec 3<&0 </dev/null\n"
-    'timeout --signal=KILL --kill-after=5 "$@" 3<&- &\n'
+    'GPUREADY_SESSION="$tok" timeout --signal=KILL --kill-after=5 "$@" 3<&- &\n'
     "cmd=$!\n"
     '{ cat <&3; kill -TERM "$cmd"; } >/dev/null 2>&1 &\n'
     "watch=$!\n"
@@ -88,6 +100,14 @@ REMOTE_WRAPPER = (
     'wait "$cmd"\n'
     "rc=$?\n"
     'kill "$watch" 2>/dev/null\n'
+    "n=0\n"
+    "while [ $n -lt 5 ]; do\n"
+    '  left=$(grep -lzxF "GPUREADY_SESSION=$tok" /proc/[0-9]*/environ 2>/dev/null '
+    "| sed -n 's|^/proc/\\([0-9]*\\)/environ$|\\1|p')\n"
+    '  [ -n "$left" ] || break\n'
+    "  kill -KILL $left 2>/dev/null\n"
+    "  n=$((n+1))\n"
+    "done 2>/dev/null\n"
     'exit "$rc"\n'
 )
 
