@@ -645,7 +645,8 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
         if args.cmd == "gate":
             return int(_cmd_gate(args, out, err))
         if args.cmd == "drift":
-            return int(drift_cli.cmd_drift(args, out, err))
+            return int(drift_cli.cmd_drift(
+                args, out, err, run_log=lambda d: _RUN_LOG.open(d / RUN_LOG_FILE)))
         if args.cmd == "history":
             return int(drift_cli.cmd_history(args, out, err))
         for cid, check in check_registry.REGISTRY.items():

@@ -13,7 +13,8 @@ Ansible (ansible-runner, ansible-playbook, OpenSSH) and paramiko:
 - SIGTERM or SIGINT while check mode hangs on the silent node: exit 130 within seconds, a
   report marked interrupted, and no process of the run left (ansible-playbook, its workers,
   ssh clients and masters), none reparented to init;
-- a Ctrl-C while `python -m validate` is still importing: one line and exit 130.
+- a Ctrl-C while `python -m validate` is still importing: one line and exit 130;
+- peers that speak no SSH: paramiko's tracebacks go to the run's run.log, not to stderr.
 """
 
 from __future__ import annotations
@@ -329,3 +330,26 @@ def test_every_ansible_run_verifies_host_keys_whatever_the_inventory_says(
     assert len(taken) == 1  # the unknown peer's key, in the run's own file only
     assert not user_file.exists() and _sha(known_hosts) == inventory_keys
     assert not (short_home / ".ssh").exists()
+
+
+def test_peers_that_speak_no_ssh_leave_stderr_quiet_and_their_log_in_the_run(
+        tmp_path: Path, fixtures_dir: Path) -> None:
+    """paramiko logs a traceback per peer that speaks no SSH, from its own thread: in a drift
+    run it goes to the run's run.log (as in a validation run), and stderr keeps drift's own
+    lines."""
+    specs = _specs(("garbage-1", {"behaviour": "garbage"}),
+                   ("garbage-2", {"behaviour": "garbage"}), ("answers", {"behaviour": "ok"}))
+    with hostile_fleet(tmp_path, fixtures_dir, specs) as fleet:
+        proc, _, run = _run(_drift_argv(fleet, tmp_path / "reports", "--timeout", "5",
+                                        "--layers", "performance", "--perf-checks", "gpu.pcie",
+                                        "--run-id", "quiet"))
+    assert proc.returncode == ExitCode.UNREACHABLE, proc.stderr
+    assert run == tmp_path / "reports" / "quiet"
+    assert "Traceback" not in proc.stderr and "paramiko" not in proc.stderr, proc.stderr
+    assert all(line.startswith("gpuready drift: ") for line in proc.stderr.splitlines()), \
+        proc.stderr
+    log = (run / "run.log").read_text()
+    assert "paramiko" in log and "Traceback" in log, log
+    table = pd.read_parquet(run / "drift.parquet").set_index(["node", "item"])
+    for name in ("garbage-1", "garbage-2"):
+        assert table.loc[(name, "ssh"), "status"] == "unreachable"

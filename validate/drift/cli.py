@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -129,7 +130,10 @@ def _settings(args: argparse.Namespace) -> BaselineSettings:
     return BaselineSettings(k=args.baseline_runs, min_runs=args.min_runs, margin=args.margin)
 
 
-def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO,
+              run_log: Callable[[Path], None] | None = None) -> int:
+    """``validate drift``; ``run_log`` opens the run's log (``run.log``: warnings and
+    paramiko's records, validate/cli.py) in its directory once that is reserved."""
     opts = DriftOptions(
         inventory=args.inventory, out=args.out, limit=args.limit,
         history=tuple(args.history), layers=args.layers, perf_checks=args.perf_checks,
@@ -149,7 +153,7 @@ def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     # connections are aborted, check mode's process group killed), so a second signal need
     # not abandon the Ansible children.
     with runner.stop_on_signals(control, second_stops_at_once=False):
-        result = run_drift(opts, progress=say, control=control)
+        result = run_drift(opts, progress=say, control=control, on_reserved=run_log)
     drift = result.table[result.table["status"] == FindingStatus.DRIFT.value]
     for r in drift.itertuples(index=False):
         stdout.write(f"DRIFT {r.node} {r.layer} {r.item}: declared {r.declared}, "

@@ -11,7 +11,9 @@ directory) holds:
 - ``summary.md`` and ``index.html``; ``metrics.prom``; ``drift.json`` (run metadata: nodes,
   layers, exit code, timings, settings, ``interrupted``);
 - ``run.json`` (validate/runinfo.py) with ``run_kind: drift``, so readers of a reports root
-  tell drift runs from validation runs.
+  tell drift runs from validation runs;
+- ``run.log``: warnings and paramiko's log, written there by the CLI (validate/cli.py) from the
+  moment the directory is reserved.
 
 Both tables are written with an explicit schema (text columns stay text in a run with no rows:
 one inferred from nothing made later reads of the root fail).

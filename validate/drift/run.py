@@ -145,9 +145,12 @@ def run_drift(
     progress: Callable[[str], None] | None = None,
     control: runner.RunControl | None = None,
     api_factory: Callable[[Path | None], gate.NodeApi] = gate.KubeNodeApi,
+    on_reserved: Callable[[Path], None] | None = None,
 ) -> DriftResult:
     """Run drift on the inventory's GPU nodes and write the run directory (module docstring).
-    Raises InventoryError, RunDirError or ValueError before any node is asked."""
+    ``on_reserved`` is given the run's directory once it is reserved, before any node is
+    asked (the CLI opens the run's log there). Raises InventoryError, RunDirError or
+    ValueError before any node is asked."""
     started_at = datetime.now(UTC)
     t0 = time.monotonic()
     say = progress or (lambda _msg: None)
@@ -160,6 +163,8 @@ def run_drift(
     reserved = drift_report.reserve(opts.out, opts.run_id, lambda: new_run_id(started_at))
     run_id = reserved.name.removeprefix(".").removesuffix(drift_report.PARTIAL)
     try:
+        if on_reserved is not None:
+            on_reserved(reserved)
         return _run(opts, nodes, perf, run_id, reserved, started_at, t0, say, control,
                     transport_for, api_factory)
     except BaseException:
