@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lab import core
 from lab.paths import REPO_ROOT, LabPaths
+from validate.ansible_ssh import runner_settings
 
 BOOTSTRAP = REPO_ROOT / "playbooks" / "bootstrap.yml"
 PROJECT_CFG = REPO_ROOT / "ansible.cfg"
@@ -117,8 +118,10 @@ def converge(label: str, config: Path, inventory: Path, workdir: Path,
     started = time.monotonic()
     # The project directory is the cwd, as for an SRE's run (the config is explicit anyway).
     runner = ansible_runner.run(private_data_dir=str(private), project_dir=str(REPO_ROOT),
-                                playbook=str(playbook), inventory=str(inventory),
-                                envvars=env, quiet=True)
+                                playbook=str(playbook), inventory=str(inventory), quiet=True,
+                                # Host keys verified as the validators verify them.
+                                **runner_settings(inventory, private, envvars=env,
+                                                  config=config))
     seconds = time.monotonic() - started
     stats = runner.stats or {}
     hosts = set().union(*(stats.get(k, {}) for k in ("ok", "failures", "dark")))

@@ -164,6 +164,7 @@ def bench_lab(nodes: int) -> None:
     from lab import clone, core  # noqa: PLC0415
     from lab.paths import LabPaths  # noqa: PLC0415
     from validate import cli  # noqa: PLC0415
+    from validate.ansible_ssh import runner_settings  # noqa: PLC0415
 
     paths = LabPaths.default()
     names = [f"node{i}" for i in range(1, nodes + 1)]
@@ -177,7 +178,9 @@ def bench_lab(nodes: int) -> None:
             run = ansible_runner.run(private_data_dir=f"{tmp}/runner", project_dir=str(REPO),
                                      playbook=str(REPO / "playbooks" / "bootstrap.yml"),
                                      inventory=str(paths.inventory_dir), limit="node1",
-                                     envvars=env, quiet=True)
+                                     quiet=True,
+                                     **runner_settings(paths.inventory_dir, Path(tmp),
+                                                       envvars=env))
             if run.rc != 0:
                 raise SystemExit(f"converge of node1 failed: {run.stats}")
             clone.clone(paths, "node1", names[1:])

@@ -6,7 +6,8 @@ file, so the client under test keeps host key checking on. The server side is pa
 (``paramiko.ServerInterface``), driven the way sshd drives a session: an exec request runs
 ``sh -c <command>`` in a new session with its stdin connected to the channel, and the
 command's stdin is closed when the client's channel goes away (sshd sends no SIGHUP to a command
-without a pty; what the command does about that EOF is the client's business).
+without a pty; what the command does about that EOF is the client's business). A pty request
+is granted but no pty is made.
 
 Behaviours (``Endpoint.behaviour``), in the order a conversation meets them:
 
@@ -205,6 +206,15 @@ class _Session(paramiko.ServerInterface):
         self.exec_ready[chanid] = threading.Event()
         return paramiko.OPEN_SUCCEEDED if kind == "session" else (
             paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED)
+
+    def check_channel_pty_request(self, channel: paramiko.Channel, term: bytes, width: int,
+                                  height: int, pixelwidth: int, pixelheight: int,
+                                  modes: bytes) -> bool:
+        # Granted, as sshd grants it, though no pty is made (the command runs as without one).
+        # Refused, an OpenSSH client run with -tt (Ansible's raw module) closes the session
+        # when the refusal arrives: exit 255, "unreachable", whenever that beats the command's
+        # exit status.
+        return True
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         text = command.decode("utf-8", "replace")

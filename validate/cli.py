@@ -32,11 +32,9 @@ import io
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from pathlib import Path
 from types import FrameType
@@ -269,27 +267,6 @@ class _Failed(Exception):
         super().__init__(f"{doing} failed: {type(exc).__name__}: {exc}")
 
 
-@contextlib.contextmanager
-def _stop_on_signals(control: runner.RunControl) -> Iterator[None]:
-    """SIGINT/SIGTERM ask the run to stop (queued nodes not started, running ones aborted,
-    a partial report written); a second one stops at once (KeyboardInterrupt)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if control.interrupted:
-            raise KeyboardInterrupt
-        control.interrupt(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def to_jsonable(obj: Any) -> Any:
     """Parser records (frozen dataclasses, tuples, datetimes, enums) as JSON-ready data."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -358,7 +335,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[s
     try:
         rows: list[CheckResult] = []
         if selected:
-            with _stop_on_signals(control):
+            with runner.stop_on_signals(control):
                 rows = runner.run(
                     nodes,
                     selected,
@@ -477,22 +454,13 @@ def _extras(rows: Sequence[CheckResult], nodes: Sequence[Node], pending: Pending
     return dataclasses.replace(extras, write_files=write_files)
 
 
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def _signals_interrupt() -> contextlib.AbstractContextManager[None]:
     """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread while this is active."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    return runner.on_signals(handler)
 
 
 def _cmd_fabric(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
@@ -677,7 +645,8 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
         if args.cmd == "gate":
             return int(_cmd_gate(args, out, err))
         if args.cmd == "drift":
-            return int(drift_cli.cmd_drift(args, out, err))
+            return int(drift_cli.cmd_drift(
+                args, out, err, run_log=lambda d: _RUN_LOG.open(d / RUN_LOG_FILE)))
         if args.cmd == "history":
             return int(drift_cli.cmd_history(args, out, err))
         for cid, check in check_registry.REGISTRY.items():

@@ -479,22 +479,34 @@ def _gate_record(report: GateReport, by: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class _Setup:
+class GateSetup:
+    """The nodes the gate works on, the label prefix and the kubeconfig (None: KUBECONFIG /
+    ~/.kube/config), as the gate resolves them."""
+
     nodes: tuple[Node, ...]
     prefix: str
     kubeconfig: Path | None
 
 
-def _setup(inventory: Path, limit: str | None, kubeconfig: Path | None,
-           prefix: str | None) -> _Setup:
-    nodes = load(inventory, limit)
-    if not nodes:
-        raise GateError(f"no GPU nodes in {inventory} match {limit!r}")
+def setup_for(nodes: Sequence[Node], *, kubeconfig: Path | None = None,
+              prefix: str | None = None) -> GateSetup:
+    """The gate's settings for ``nodes``: ``prefix``, else the inventory's
+    ``gpuready_label_prefix`` (checked); ``kubeconfig``, else its ``gpuready_kubeconfig``.
+    The gate and drift's labels layer (validate/drift/labels.py) both read them here. Raises
+    GateError (nodes that disagree on a setting) or ValueError (a prefix that cannot be)."""
     chosen = check_prefix(prefix or _one_setting(nodes, desired.LABEL_PREFIX,
                                                  lambda n: n.desired.gate.label_prefix) or "")
     config_var = _one_setting(nodes, desired.KUBECONFIG, lambda n: n.desired.gate.kubeconfig)
     config = kubeconfig or (Path(config_var).expanduser() if config_var else None)
-    return _Setup(nodes, chosen, config)
+    return GateSetup(tuple(nodes), chosen, config)
+
+
+def _setup(inventory: Path, limit: str | None, kubeconfig: Path | None,
+           prefix: str | None) -> GateSetup:
+    nodes = load(inventory, limit)
+    if not nodes:
+        raise GateError(f"no GPU nodes in {inventory} match {limit!r}")
+    return setup_for(nodes, kubeconfig=kubeconfig, prefix=prefix)
 
 
 def cmd_gate(inventory: Path, run_dir: Path, *, limit: str | None, dry_run: bool,

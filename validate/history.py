@@ -163,7 +163,9 @@ def _scan(files: Sequence[Path], column: str, values: Sequence[str] | None,
                          pa.dictionary(pa.int32(), pa.string())) for c in wanted])
     if not files:
         return schema.empty_table()
-    dataset = ds.dataset([str(f) for f in files], format=fmt)
+    # The schema is given, not taken from the first file: a run with no rows written before
+    # the results had an explicit schema says its text columns are doubles.
+    dataset = ds.dataset([str(f) for f in files], format=fmt, schema=schema)
     want = pa.array(list(values)) if values is not None else None
     kept = []
     for batch in dataset.to_batches(columns=wanted, batch_size=_BATCH_ROWS):

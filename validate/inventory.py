@@ -58,10 +58,27 @@ _CONNECTION_VARS = (
     "gpuready_ssh_accept_unknown_host_keys",
 )
 _USED_VARS = _CONNECTION_VARS + tuple(v for v in desired.VARS if v not in _CONNECTION_VARS)
+# How Ansible's own ssh reaches any host (GPU node or not): what validate.ansible_ssh needs to
+# make it verify host keys as the validators do.
+_SSH_VARS = (*(v for v in _CONNECTION_VARS if not v.startswith("ansible_become")),
+             "ansible_ssh_args")
 
 
 class InventoryError(Exception):
     """The inventory cannot be read, or a GPU host lacks a pool or profile."""
+
+
+@dataclass(frozen=True, slots=True)
+class SshHost:
+    """How Ansible's ssh connection reaches one inventory host, GPU node or not: its route
+    (with every known_hosts file the validators trust), the ``ansible_ssh_args`` it sets (None:
+    Ansible's configured ones) and whether unknown host keys are accepted for it."""
+
+    name: str
+    connection: str  # ansible_connection: ssh (default), local, ...
+    route: Route
+    ssh_args: str | None
+    accept_unknown_host_keys: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +152,14 @@ def _plain(templar: Templar, value: Any) -> bool:
 
 
 def _template(host: str, templar: Templar, raw: Mapping[str, Any],
-              plain_cache: dict[tuple[str, str], Any]) -> dict[str, Any]:
+              plain_cache: dict[tuple[str, str], Any],
+              names: tuple[str, ...] = _USED_VARS) -> dict[str, Any]:
     """The variables the validators use, templated. A value with no template in it (most of
     them, set once in group_vars for a whole pool) is templated once per distinct value, not
     once per host: templating was half of loading a 1,000-host inventory. Hosts share the
     cached value (nothing changes a node's variables after loading)."""
     used: dict[str, Any] = {}
-    for var in _USED_VARS:
+    for var in names:
         if var not in raw:
             continue
         value = raw[var]
@@ -369,6 +387,38 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
     _check_profiles(nodes, problems, origin)
     problems.raise_if_any()
     return tuple(sorted(nodes, key=lambda n: n.name))
+
+
+def ssh_hosts(source: Path, limit: str | None = None) -> tuple[SshHost, ...]:
+    """Every host of the inventory at ``source`` (``limit``: an Ansible host pattern) with its
+    SSH settings, resolved as :func:`load` resolves a GPU node's. Raises InventoryError."""
+    if not source.exists():
+        raise InventoryError(f"inventory {source} does not exist")
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=[str(source)])
+    variables = VariableManager(loader=loader, inventory=inventory)
+    if limit:
+        _check_limit(inventory, source, limit)
+        inventory.subset(limit)
+    out: list[SshHost] = []
+    plain_cache: dict[tuple[str, str], Any] = {}
+    for host in inventory.get_hosts(pattern="all"):
+        raw = variables.get_vars(host=host, include_hostvars=False)
+        used = _template(host.name, Templar(loader=loader, variables=raw), raw, plain_cache,
+                         _SSH_VARS)
+        _port(host.name, used.get("ansible_port", 22))
+        try:
+            route = resolve(host.name, used)
+        except RouteError as exc:
+            raise InventoryError(f"host {host.name}: {exc}") from None
+        args = used.get("ansible_ssh_args")
+        out.append(SshHost(
+            name=host.name, connection=str(used.get("ansible_connection") or "ssh"),
+            route=route, ssh_args=None if args is None else str(args),
+            accept_unknown_host_keys=_boolean(
+                host.name, "gpuready_ssh_accept_unknown_host_keys",
+                used.get("gpuready_ssh_accept_unknown_host_keys", False))))
+    return tuple(sorted(out, key=lambda h: h.name))
 
 
 def _pool_labels(used: Mapping[str, Any]) -> dict[str, str]:

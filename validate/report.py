@@ -105,6 +105,12 @@ class Report:
     interrupted: bool = False
 
 
+# The results files' columns and types, given explicitly: inferred from a run with no rows,
+# the text columns came out as doubles, and every later read of the reports root as one
+# dataset (history, drift baselines) failed on the first real run id.
+_FLOAT_COLUMNS = ("value", "warn", "fail", "duration_s")
+RESULTS_SCHEMA = pa.schema([(c, pa.float64() if c in _FLOAT_COLUMNS else pa.large_string())
+                            for c in COLUMNS])
 PARTIAL_SUFFIX = ".partial"
 ROWS_FILE = "rows.jsonl"
 LATEST = "latest"
@@ -180,8 +186,11 @@ class PendingRun:
         )
 
 
-def start_run(out_root: Path, run_id: str | None, new_id: Callable[[], str]) -> PendingRun:
-    """Check ``out_root`` and reserve a run directory (before any node is asked)."""
+def start_run(out_root: Path, run_id: str | None, new_id: Callable[[], str],
+              partial_name: Callable[[str], str] = lambda run_id: f"{run_id}{PARTIAL_SUFFIX}"
+              ) -> PendingRun:
+    """Check ``out_root`` and the run id, and reserve the run's directory
+    (``partial_name(run_id)``) before any node is asked."""
     try:
         out_root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -190,7 +199,7 @@ def start_run(out_root: Path, run_id: str | None, new_id: Callable[[], str]) -> 
         raise RunDirError(f"output directory {out_root} is not a directory")
     for _ in range(20):
         candidate = check_run_id(run_id if run_id is not None else new_id())
-        partial = out_root / f"{candidate}{PARTIAL_SUFFIX}"
+        partial = out_root / partial_name(candidate)
         try:
             partial.mkdir()
         except FileExistsError:
@@ -234,8 +243,15 @@ def to_frame(rows: Sequence[CheckResult]) -> pd.DataFrame:
     return _typed(pd.DataFrame(data, columns=list(COLUMNS)))
 
 
+def results_table(df: pd.DataFrame) -> pa.Table:
+    """The long results (:func:`to_frame`) as the Arrow table both result files are written
+    from, with :data:`RESULTS_SCHEMA` whatever the rows."""
+    return pa.Table.from_pandas(df.assign(status=df["status"].astype(str)),
+                                schema=RESULTS_SCHEMA, preserve_index=False)
+
+
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
-    for col in ("value", "warn", "fail", "duration_s"):
+    for col in _FLOAT_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     for col in ("node", "pool", "profile", "check", "metric", "unit", "code", "detail"):
         df[col] = df[col].fillna("").astype(str)
@@ -596,7 +612,9 @@ def write_report(
     interrupted = interrupted or bool((df["code"] == CODE_INTERRUPTED).any())
     target = build_dir or final.parent / f".{final.name}.build-{secrets.token_hex(4)}"
     target.mkdir(parents=True, exist_ok=True)
-    code = exit_code_for(
+    # An interrupted run exits 130 whatever its rows say, and its run.json, summary and
+    # Report say the same code.
+    code = ExitCode.INTERRUPTED if interrupted else exit_code_for(
         [Status(s) for s in df["status"].astype(str).unique()],
         list(df["code"].unique()),
     )
@@ -604,7 +622,7 @@ def write_report(
     info = dataclasses.replace(run_info, exit_code=int(code)) if run_info else None
     nodes = node_summary(df)
     fleet = fleet_view(df)
-    table = pa.Table.from_pandas(df.assign(status=df["status"].astype(str)), preserve_index=False)
+    table = results_table(df)
     pq.write_table(table, target / "results.parquet")
     pa_csv.write_csv(table, target / "results.csv")
     nodes.to_csv(target / "nodes.csv", index=False)

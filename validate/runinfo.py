@@ -202,8 +202,12 @@ def start(
     checks_requested: str | None,
     checks: Sequence[str],
     nodes: Sequence[Node],
+    run_kind: str = VALIDATION,
 ) -> RunInfo:
-    """The record of a run about to start (``finished`` and ``exit_code`` come later)."""
+    """The record of a run about to start (``finished`` and ``exit_code`` come later);
+    ``run_kind`` is :data:`VALIDATION` or :data:`DRIFT`."""
+    if run_kind not in RUN_KINDS:
+        raise ValueError(f"run_kind {run_kind!r} is not one of {', '.join(RUN_KINDS)}")
     commit, dirty = git_state()
     return RunInfo(
         run_id=run_id,
@@ -218,6 +222,7 @@ def start(
         git_commit=commit,
         git_dirty=dirty,
         started=now_utc(),
+        run_kind=run_kind,
     )
 
 

@@ -23,12 +23,14 @@ import json
 import logging
 import queue
 import secrets
+import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import FrameType
 
 from validate.checks import Check, NodeContext, ToolFailure, Verdict
 from validate.checks.base import DEFAULT_PROBE_TIMEOUT_S
@@ -88,6 +90,34 @@ class RunControl:
         if not self.interrupted:
             self.reason = reason
             self.interrupted = True
+
+
+@contextlib.contextmanager
+def on_signals(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """``handler`` for SIGINT and SIGTERM while this is active (the previous ones after).
+    Outside the main thread (where Python delivers no signal) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def stop_on_signals(control: RunControl, *, second_stops_at_once: bool = True
+                    ) -> contextlib.AbstractContextManager[None]:
+    """SIGINT/SIGTERM ask the run to stop (``control.interrupt``); with
+    ``second_stops_at_once`` a second one stops at once (KeyboardInterrupt)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if control.interrupted and second_stops_at_once:
+            raise KeyboardInterrupt
+        control.interrupt(signal.Signals(signum).name)
+
+    return on_signals(handler)
 
 
 def new_run_id(now: datetime | None = None) -> str:

@@ -30,6 +30,7 @@ from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
 from tests.lab.conftest import running_lab, ssh
 from validate import cli
+from validate.ansible_ssh import runner_settings
 from validate.model import CODE_HOSTKEY, CODE_SUDO_DENIED
 
 BEHIND = "gpu-behind-bastion"  # node2's name, resolved only by the bastion
@@ -102,9 +103,10 @@ def test_ansible_reaches_the_node_through_the_bastion(fleet: LabState, tmp_path:
     run = ansible_runner.run(private_data_dir=str(tmp_path / "runner"), inventory=str(inv),
                              host_pattern="node2", module="ansible.builtin.command",
                              module_args="id -un", quiet=True,
-                             envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-                                      "PATH": f"{Path(sys.executable).parent}:"
-                                              f"{os.environ['PATH']}"})
+                             **runner_settings(inv, tmp_path, envvars={
+                                 "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+                                 "PATH": f"{Path(sys.executable).parent}:"
+                                         f"{os.environ['PATH']}"}))
     assert run.status == "successful", run.stdout.read()[-2000:]
     ok = [e["event_data"]["res"] for e in run.events if e.get("event") == "runner_on_ok"]
     # Logged in as the unprivileged user, become root with sudo (ansible_become).

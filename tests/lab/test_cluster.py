@@ -7,6 +7,9 @@ its hardware. One lab serves the module; the tests run in file order on it:
 - a second site.yml changes nothing on the hosts; the gate records the new run on each Node
   (``last-run``, ``validated-at``, ``last-run-time``) and nothing else, and gating that run
   again sends no PATCH; join.yml in check mode changes nothing either;
+- drift's labels layer reports a label edited by hand on the admitted node and the taint
+  removed by hand from the one kept out, reading the Node and asking the gate's decision,
+  writing nothing; once the gate has put them back, drift finds nothing;
 - hand-edited and stale labels under the prefix are reported (--dry-run: only reported) and put
   back, a foreign label stays;
 - a half-joined host (kubelet.conf, no Node) is reset and joined again;
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import ansible_runner
+import pandas as pd
 import pytest
 import yaml
 
@@ -44,6 +48,7 @@ from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
 from tests.lab.conftest import lab_cli, running_lab, ssh
 from validate import cli
+from validate.ansible_ssh import runner_settings
 
 PREFIX = "gpuready.node-restriction.kubernetes.io"  # inventory/lab/group_vars/all/cluster.yml
 TAINT_KEY = f"{PREFIX}/validation"
@@ -104,10 +109,11 @@ class Cluster:
         runner = ansible_runner.run(
             private_data_dir=str(private), project_dir=str(REPO_ROOT),
             playbook=str(PLAYBOOKS / name), inventory=str(self.paths.inventory_dir),
-            limit=limit, cmdline=cmdline or None, extravars=extravars or {},
-            envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-                     "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"},
-            quiet=True)
+            limit=limit, cmdline=cmdline or None, quiet=True,
+            # Host keys verified as the validators verify them (validate/ansible_ssh.py).
+            **runner_settings(self.paths.inventory_dir, private, extravars=extravars, envvars={
+                "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}))
         self.log.append(f"{label or name}: {time.monotonic() - started:.0f} s")
         self.collect_tokens()
         return PlaybookRun(rc=runner.rc, stats=runner.stats or {}, events=tuple(runner.events))
@@ -291,6 +297,40 @@ def test_second_site_changes_nothing(cluster: Cluster, first_site: PlaybookRun) 
     assert check.rc == 0
     for host in ("node1", "node2"):
         assert check.count("changed", host) == 0, (host, check.changed_tasks(host))
+
+
+def _drift_labels(cluster: Cluster) -> tuple[int, str, pd.DataFrame]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.main(["drift", "-i", str(cluster.paths.inventory_dir), "--layers", "labels",
+                   "--out", str(cluster.artifacts / "drift"),
+                   "--history", str(REPO_ROOT / "reports")], stdout=out, stderr=err)
+    run = next(Path(line[8:]) for line in out.getvalue().splitlines()
+               if line.startswith("report: "))
+    return rc, out.getvalue() + err.getvalue(), pd.read_parquet(run / "drift.parquet")
+
+
+def test_drift_reports_a_hand_edited_label_and_a_removed_taint(
+        cluster: Cluster, first_site: PlaybookRun) -> None:
+    del first_site
+    for edit in (("label", "node", "node1", f"{PREFIX}/pool=pool_a100_sxm", "--overwrite"),
+                 ("label", "node", "node1", "team=ml"),  # not the gate's: never drift
+                 ("taint", "node", "node2", f"{TAINT_KEY}-")):
+        done = cluster.kubectl(*edit)
+        assert done.returncode == 0, done.stderr
+    patches = cluster.admin_patches()
+    rc, said, table = _drift_labels(cluster)
+    assert rc == 1, said
+    assert set(zip(table["node"], table["item"], table["declared"], table["actual"],
+                   table["status"], strict=True)) == {
+        ("node1", f"label {PREFIX}/pool", "pool_h100_sxm", "pool_a100_sxm", "drift"),
+        ("node2", f"taint {TAINT_KEY}", "failed:NoSchedule", "absent", "drift")}
+    assert "the gate decides failed" in table.set_index("node").loc["node2", "detail"]
+    assert cluster.admin_patches() == patches  # drift only read
+    rc, out, _ = cluster.gate("--run", str((REPO_ROOT / "reports" / "latest").resolve()))
+    assert rc == 1 and "node2: failed" in out  # put back; node2 stays out
+    rc, said, table = _drift_labels(cluster)
+    assert (rc, len(table)) == (0, 0), said
+    assert cluster.kubectl("label", "node", "node1", "team-").returncode == 0
 
 
 def test_hand_edited_labels_are_reported_and_restored(cluster: Cluster,

@@ -7,11 +7,20 @@ module, and the tests run in file order on it:
    converge costs the control node's Ansible work per host; a copy of a converged host costs
    seconds, and the first drift run's check mode over all eight proves every copy converged);
    the lab is validated (`python -m validate run`), which starts the performance history.
-2. Drift runs twice on the clean lab: exit 0, nothing drifted (no false positives).
+2. Drift runs twice on the clean lab: nothing drifted (no false positives). This fleet has no
+   Kubernetes API: the first run (every layer) says the labels layer was not compared and
+   exits 2 (incomplete); the second leaves the layer out with --layers and exits 0.
 3. One drift case per host is injected, then drift runs once more; every host's package list,
    files under /etc and unit states are compared before and after that run (a drift run
    changes nothing, not even on drifted hosts). Each host reports exactly its case.
-4. The drift_schedule role converges on node8 as a management host.
+4. Trust and bounds, with the lab's real sshd: drift on an inventory whose known_hosts names
+   another host's key for node2 (an impostor) and none for node3, plus a silent SSH peer
+   (tests/hostile_ssh.py: takes commands, never answers). node2 and node3 are unreachable
+   with their keys named and no login reached their sshd; no known_hosts file is written; the
+   silent peer is given up within the documented deadline; node1's finding is intact.
+5. The drift_schedule role converges on node8 as a management host.
+
+(The labels layer against a cluster: tests/lab/test_cluster.py.)
 """
 
 from __future__ import annotations
@@ -19,8 +28,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,17 +40,22 @@ from pathlib import Path
 
 import ansible_runner
 import pandas as pd
+import paramiko
 import pytest
 import yaml
 
 from lab import clone, core
 from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
+from tests.hostile_ssh import Endpoint, HostileSSHServer
 from tests.lab.conftest import lab_cli, print_past_capture, running_lab, ssh
 from validate import cli
+from validate.ansible_ssh import runner_settings
 from validate.model import ExitCode
 
 HOSTS = tuple(f"node{i}" for i in range(1, 9))
+# This fleet has no Kubernetes API: runs that are to be complete leave the labels layer out.
+NO_LABELS = ("--layers", "configuration,versions,runtime,performance")
 DROPIN = "/etc/containerd/conf.d/99-nvidia.toml"
 SYSCTL = "/etc/sysctl.d/90-gpuready.conf"
 # The driver packages the nvidia_driver role installs at their exact version and holds on
@@ -121,8 +138,10 @@ def _playbook(lab: DriftLab, playbook: Path, inventory: Path, label: str,
     run = ansible_runner.run(
         private_data_dir=str(private), project_dir=str(REPO_ROOT), playbook=str(playbook),
         inventory=str(inventory), limit=limit, cmdline=cmdline, quiet=True,
-        envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-                 "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"})
+        # Host keys verified as the validators verify them (validate/ansible_ssh.py).
+        **runner_settings(inventory, private, envvars={
+            "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}))
     lab.log.append(f"{label}: {time.monotonic() - started:.0f} s")
     return run
 
@@ -169,20 +188,29 @@ def lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 
 @pytest.fixture(scope="module")
 def clean_runs(lab: DriftLab) -> list[DriftRun]:
-    return [_drift(lab, f"clean drift {i}") for i in (1, 2)]
+    no_api = lab.artifacts / "no-such-kubeconfig"
+    return [_drift(lab, "clean drift 1", "--kubeconfig", str(no_api)),
+            _drift(lab, "clean drift 2", *NO_LABELS)]
 
 
 def test_clean_lab_reports_nothing_twice(lab: DriftLab, clean_runs: list[DriftRun]) -> None:
     for run in clean_runs:
-        assert run.rc == ExitCode.OK, run.table[run.table["status"] != "skipped"].to_string()
         assert run.table[run.table["status"] == "drift"].empty
-        assert set(run.table["status"]) <= {"skipped", "unavailable"}
-        # Every node is in the table, at least with its labels layer said to be unavailable.
-        labels = run.table[run.table["layer"] == "labels"]
-        assert set(labels["node"]) == set(HOSTS)
-        assert set(labels["status"]) == {"unavailable"}
-        assert "not compared yet" in labels["detail"].iloc[0]
         assert "SIMULATED" in (run.run_dir / "summary.md").read_text()
+    first, second = clean_runs
+    # Every layer asked: the labels layer could not be, and the run says so and is incomplete.
+    assert first.rc == ExitCode.USAGE_OR_TOOL_ERROR, first.stderr[-3000:]
+    assert set(first.table["status"]) <= {"skipped", "unavailable"}
+    labels = first.table[first.table["layer"] == "labels"]
+    assert set(labels["node"]) == set(HOSTS) and set(labels["status"]) == {"unavailable"}
+    assert "cannot load the kubeconfig" in labels["detail"].iloc[0]
+    assert "NOT COMPARED labels and taints: cannot load the kubeconfig" in first.stdout
+    assert ('gpuready_drift_layer_checked{node="node1",pool="pool_l40s_pcie",layer="labels"} 0'
+            in (first.run_dir / "metrics.prom").read_text())
+    # The labels layer left out: complete, clean.
+    assert second.rc == ExitCode.OK, second.table[second.table["status"] != "skipped"]
+    assert set(second.table["status"]) <= {"skipped"}
+    assert "NOT COMPARED" not in second.stdout
     # The figures of the clean runs are the history the injected run is judged against.
     assert (clean_runs[1].run_dir / "results.parquet").exists()
 
@@ -208,7 +236,7 @@ def injected(lab: DriftLab, clean_runs: list[DriftRun]
         assert proc.returncode == 0, proc.stderr
     before = _snapshot(lab)
     textfile = lab.artifacts / "textfile" / "gpuready_drift.prom"
-    run = _drift(lab, "injected drift", "--textfile", str(textfile))
+    run = _drift(lab, "injected drift", "--textfile", str(textfile), *NO_LABELS)
     after = _snapshot(lab)
     return run, before, after, textfile
 
@@ -288,8 +316,7 @@ def test_prometheus_textfile(injected: tuple[DriftRun, dict[str, str], dict[str,
             f'{versions}' in text)
     assert ('gpuready_drift_items{node="node8",pool="pool_l40s_pcie",layer="performance"} 0'
             in text)
-    assert ('gpuready_drift_layer_checked{node="node1",pool="pool_l40s_pcie",layer="labels"} 0'
-            in text)
+    assert 'layer="labels"' not in text  # left out of this run: not measured, not zero
     assert "gpuready_drift_run_status 1" in text
     assert "gpuready_drift_last_run_timestamp_seconds " in text
 
@@ -330,15 +357,119 @@ def test_drift_playbook_runs_the_same_check(
         private_data_dir=str(private), project_dir=str(REPO_ROOT),
         playbook=str(REPO_ROOT / "playbooks" / "drift.yml"),
         inventory=str(lab.paths.inventory_dir), quiet=True,
-        envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
-        extravars={"drift_limit": "node6", "drift_out": str(lab.reports.parent / "play"),
-                   "drift_extra_args": ["--layers", "performance", "--perf-checks", "gpu.pcie",
-                                        "--history", str(lab.reports)]})
+        **runner_settings(lab.paths.inventory_dir, private, envvars={
+            "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+            extravars={"drift_limit": "node6", "drift_out": str(lab.reports.parent / "play"),
+                       "drift_extra_args": ["--layers", "performance", "--perf-checks",
+                                            "gpu.pcie", "--history", str(lab.reports)]}))
     assert run.status == "failed"
     messages = [e["event_data"]["res"].get("msg", "") for e in run.events
                 if e.get("event") == "runner_on_failed"]
     assert any("drift found" in m for m in messages), messages
+
+
+def _journal_logins(lab: DriftLab, host: str, since: float, until: float) -> str:
+    proc = ssh(lab.address(host), f"journalctl -u ssh --no-pager -o cat --since @{since:.0f} "
+                                  f"--until @{until:.0f}")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_unknown_and_impostor_keys_and_a_silent_node(
+        lab: DriftLab, injected: tuple[DriftRun, dict[str, str], dict[str, str], Path],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host keys and the silent-node bound, on the lab's real sshd (module docstring, 4)."""
+    injected_run = injected[0]
+    key = paramiko.Ed25519Key.from_private_key_file(str(lab.paths.ssh_key))
+    silent = Endpoint(name="silent1", address="127.0.21.240", behaviour="slow",
+                      delay_s=1e6)
+    known_lab = lab.paths.known_hosts.read_text()
+    by_address: dict[str, list[str]] = {}
+    for line in known_lab.splitlines():
+        if line.strip():
+            by_address.setdefault(line.split()[0], []).append(line.split(None, 1)[1])
+    n1, n2 = lab.address("node1"), lab.address("node2")
+    with HostileSSHServer([silent], key) as server:
+        assert silent.host_key is not None
+        known = tmp_path / "known_hosts"
+        known.write_text("".join(
+            [f"{n1} {k}\n" for k in by_address[n1]]
+            + [f"{n2} {k}\n" for k in by_address[n1]]  # node1's key named for node2
+            # node3: not listed at all
+            + [f"[{silent.address}]:{silent.port} {silent.host_key.get_name()} "
+               f"{silent.host_key.get_base64()}\n"]))
+        inv = tmp_path / "inventory"
+        shutil.copytree(lab.paths.inventory_dir / "group_vars", inv / "group_vars")
+        hosts = yaml.safe_load((lab.paths.inventory_dir / "hosts.yml").read_text())
+        hosts["all"]["vars"].update({
+            "gpuready_ssh_known_hosts": str(known),
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={known}"})
+        pool = hosts["all"]["children"]["gpu_nodes"]["children"]["pool_l40s_pcie"]["hosts"]
+        pool["silent1"] = {"ansible_host": silent.address, "ansible_port": silent.port}
+        (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+        # A short HOME (Ansible's ControlPath must fit a socket address); OpenSSH itself
+        # reads the account's home from the password database.
+        home = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
+        account = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "known_hosts"
+        account_before = account.read_bytes() if account.exists() else None
+        monkeypatch.setenv("HOME", str(home))
+        task_timeout = 30
+        started = time.time()
+        out, err = io.StringIO(), io.StringIO()
+        t0 = time.monotonic()
+        try:
+            rc = cli.main(["drift", "-i", str(inv), "--out", str(lab.reports.parent / "trust"),
+                           "--limit", "node1,node2,node3,silent1", "--timeout", "10",
+                           "--check-task-timeout", str(task_timeout),
+                           "--layers", "configuration,versions,runtime"],
+                          stdout=out, stderr=err)
+            took = time.monotonic() - t0
+            assert not (home / ".ssh").exists()
+        finally:
+            shutil.rmtree(home)
+        ended = time.time() + 1
+        time.sleep(1.5)
+        silent_events = server.events("silent1")
+    lab.log.append(f"trust drift: {took:.0f} s")
+    assert rc == ExitCode.UNREACHABLE, err.getvalue()[-3000:]
+    run_dir = Path(next(line[8:] for line in out.getvalue().splitlines()
+                        if line.startswith("report: ")))
+    table = pd.read_parquet(run_dir / "drift.parquet").set_index(["node", "item"])
+    # Refused with the key named, and no login reached either sshd (a connection that ended
+    # before authentication is all they saw).
+    assert table.loc[("node2", "ssh"), "actual"] == "host.hostkey_rejected"
+    assert "host key mismatch: got SHA256:" in table.loc[("node2", "ssh"), "detail"]
+    assert table.loc[("node3", "ssh"), "actual"] == "host.hostkey_rejected"
+    assert "unknown" in table.loc[("node3", "ssh"), "detail"]
+    assert "host key SHA256:" in table.loc[("node3", "ssh"), "detail"]
+    for host in ("node2", "node3"):
+        assert table.loc[(host, "ssh"), "status"] == "unreachable"
+        assert "check mode" in table.loc[(host, "ssh"), "source"]
+        logins = _journal_logins(lab, host, started - 1, ended)
+        assert "Accepted publickey" not in logins, logins
+        assert "preauth" in logins, logins  # drift did try, and was stopped before login
+    assert (account.read_bytes() if account.exists() else None) == account_before
+    assert lab.paths.known_hosts.read_text() == known_lab
+    # The silent peer: error rows, given up within its deadline; node1's finding intact.
+    assert table.loc[("silent1", "check mode"), "status"] == "error"
+    assert table.loc[("silent1", "ssh"), "actual"] == "host.unresponsive"
+    assert len([e for e in silent_events if e["event"] == "connect"]) == len(
+        [e for e in silent_events if e["event"] == "disconnect"])
+    node1 = table.loc["node1"]
+    assert set(zip(node1["layer"], node1.index, node1["status"], strict=True)) == {
+        ("configuration", DROPIN, "drift")}
+    assert table.loc[("node1", DROPIN), "detail"] == injected_run.table.set_index(
+        ["node", "item"]).loc[("node1", DROPIN), "detail"]
+    # The bound: a silent node costs at most one check-mode task timeout more than the
+    # healthy nodes' check mode (the injected run's, over eight of them).
+    print(f"\ntrust drift: {took:.0f} s (task timeout {task_timeout} s)", file=sys.__stderr__)
+    assert took <= _check_mode_s(injected_run) + task_timeout + 30, took
+
+
+def _check_mode_s(run: DriftRun) -> float:
+    timings = json.loads((run.run_dir / "drift.json").read_text())["timings"]
+    return float(timings["check_mode_s"])
 
 
 def test_drift_schedule_role_converges_on_a_management_host(lab: DriftLab, tmp_path: Path

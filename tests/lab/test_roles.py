@@ -33,6 +33,7 @@ from lab import core
 from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
 from tests.lab.conftest import lab_cli, running_lab, ssh
+from validate.ansible_ssh import runner_settings
 
 BOOTSTRAP = REPO_ROOT / "playbooks" / "bootstrap.yml"
 HEALTHY = ("node1", "node2", "node3")
@@ -161,9 +162,11 @@ class Lab:
             inventory=str(inventory or self.inventory),
             limit=limit,
             cmdline=cmdline or None,
-            envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-                     "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"},
             quiet=True,
+            # Host keys verified as the validators verify them (validate/ansible_ssh.py).
+            **runner_settings(Path(inventory or self.inventory), private, envvars={
+                "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}),
         )
         elapsed = time.monotonic() - started
         self.log.append(f"{label or 'playbook'}: {elapsed:.0f} s")

@@ -23,6 +23,7 @@ from lab.fleet import LabHost
 from lab.paths import REPO_ROOT, LabPaths
 from tests.lab.conftest import DEBIAN12_CUDA, lab_apt_sources, lab_cli, running_lab, ssh
 from validate import cli
+from validate.ansible_ssh import runner_settings
 from validate.model import ExitCode
 
 # Lab settings for this run: a hung tool gives up quickly (the profiles allow real NCCL
@@ -293,10 +294,11 @@ def test_validate_playbook_fails_with_the_run(fleet: LabState) -> None:
         private_data_dir=str(paths.run / "runner-validate-play"), project_dir=str(REPO_ROOT),
         playbook=str(REPO_ROOT / "playbooks" / "validate.yml"),
         inventory=str(paths.inventory_dir), quiet=True,
-        envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
-        extravars={"validate_limit": ecc, "validate_checks": "gpu.ecc",
-                   "validate_out": str(paths.run / "reports-play")})
+        **runner_settings(paths.inventory_dir, paths.run, envvars={
+            "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+            extravars={"validate_limit": ecc, "validate_checks": "gpu.ecc",
+                       "validate_out": str(paths.run / "reports-play")}))
     assert run.status == "failed"
     messages = [e["event_data"]["res"].get("msg", "") for e in run.events
                 if e.get("event") == "runner_on_failed"]

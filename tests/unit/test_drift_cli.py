@@ -1,6 +1,7 @@
-"""`python -m validate drift` and `history` through the one main(): usage errors, a node that
-refuses connections (a real closed port, through real Ansible and paramiko), and the history
-views."""
+"""`python -m validate drift` and `history` through the one main(): usage errors, run ids
+outside --out refused, a node that refuses connections (a real closed port, through real
+Ansible and paramiko), a reports root that survives a first drift run with no performance
+rows, and the history views."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from validate import cli
+from validate.drift import report as drift_report
 from validate.model import CheckResult, ExitCode, Status
 from validate.report import write_report
 
@@ -34,7 +39,7 @@ def test_usage_errors(tmp_path: Path) -> None:
     assert rc == ExitCode.USAGE_OR_TOOL_ERROR and "unknown figure" in err
 
 
-def test_unreachable_node_exits_3_and_stays_in_the_table(tmp_path: Path) -> None:
+def _dead_inventory(tmp_path: Path) -> Path:
     inv = tmp_path / "inv"
     (inv / "group_vars").mkdir(parents=True)
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {
@@ -44,6 +49,27 @@ def test_unreachable_node_exits_3_and_stays_in_the_table(tmp_path: Path) -> None
         "gpu_pool": {"accelerator": "l40s-48gb", "topology": "4gpu-pcie", "fabric": "ethernet",
                      "workload": "inference", "sharing": "time-slicing"},
         "ansible_ssh_common_args": "-o ConnectTimeout=5"}))
+    return inv
+
+
+@pytest.mark.parametrize("run_id", ["/abs/elsewhere", "../x", "a/b", "latest-drift", ".x"])
+def test_run_ids_outside_out_are_refused_before_anything_runs(tmp_path: Path,
+                                                              run_id: str) -> None:
+    inv = _dead_inventory(tmp_path)
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "latest-drift").symlink_to("nowhere")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    rc, stdout, stderr = _main("drift", "-i", str(inv), "--out", str(out), "--run-id", run_id)
+    assert rc == ExitCode.USAGE_OR_TOOL_ERROR, stdout + stderr
+    assert ("invalid run id" in stderr or "exists; run ids are never reused" in stderr), stderr
+    assert "check mode" not in stderr  # refused before any node was asked
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert not Path("/abs").exists()
+
+
+def test_unreachable_node_exits_3_and_stays_in_the_table(tmp_path: Path) -> None:
+    inv = _dead_inventory(tmp_path)
     out = tmp_path / "reports"
     rc, stdout, stderr = _main("drift", "-i", str(inv), "--out", str(out), "--timeout", "5",
                                "--accept-unknown-host-keys")
@@ -56,6 +82,24 @@ def test_unreachable_node_exits_3_and_stays_in_the_table(tmp_path: Path) -> None
     assert "probe" in ssh["source"].iloc[0] and "check mode" in ssh["source"].iloc[0]
     assert "gpuready_drift_run_status 3" in (run / "metrics.prom").read_text()
     assert json.loads((run / "drift.json").read_text())["exit_code"] == 3
+    info = json.loads((run / "run.json").read_text())
+    assert (info["run_kind"], info["exit_code"]) == ("drift", 3)
+    # The first run under this root measured nothing: its results still say their text
+    # columns are text, so a later run with rows and the history views read the root.
+    schema = pq.read_schema(run / "results.parquet")
+    assert pq.read_table(run / "results.parquet").num_rows == 0
+    assert schema.field("run_id").type == schema.field("node").type == pa.large_string()
+    later = "20991231T000000Z-drift-0002"
+    meta = drift_report.RunMeta(later, "2099-12-31T00:00:00+00:00", "2099-12-31T00:00:05+00:00",
+                                ExitCode.OK, ("dead1",), ("performance",), None, {}, {})
+    drift_report.write_run(out, meta, drift_report.findings_frame([], {}), [CheckResult(
+        later, "t", "dead1", "pool_l40s_pcie", "l40s-pcie-48gb-4x", "nccl.allreduce",
+        "busbw_gbps", 21.5, "GB/s", None, None, Status.PASS, "ok", "", 0.1)],
+        {"dead1": "pool_l40s_pcie"}, 5.0)
+    rc, stdout, stderr = _main("history", str(out), "--node", "dead1", "--figure",
+                               "nccl_busbw_gbps")
+    assert rc == ExitCode.OK, stderr
+    assert later in stdout and "21.5" in stdout
 
 
 def test_history_views(tmp_path: Path) -> None:

@@ -1,21 +1,16 @@
-"""Live probes, the performance layer and the labels layer, on real captures served by a
+"""Live probes and the performance layer, on real captures served by a
 scripted transport (only the transport is scripted; the findings come from the code)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import pandas as pd
-import pytest
-import yaml
 
 from tests.unit.test_checks_runner import ScriptedTransport, _node, _out
 from validate.checks import select
 from validate.checks.base import NodeContext
-from validate.drift import labels, performance, probes
+from validate.drift import performance, probes
 from validate.drift.config import PackageTask
-from validate.drift.model import FindingStatus, Layer
+from validate.drift.model import FindingStatus
 from validate.history import BaselineSettings, baselines
 from validate.model import CheckResult, Status
 from validate.profiles import load_profile
@@ -190,58 +185,6 @@ def test_judge_against_history(tmp_path: Path) -> None:
     drifted = next(r for r in out_rows if r.node == "n1")
     assert (drifted.status, drifted.code) == (Status.WARN, performance.CODE_BELOW)
     assert next(r for r in out_rows if r.node == "n2").status is Status.PASS
-
-
-K8S = "k8s-api"
-
-
-def test_labels_layer_unavailable_until_the_gate_lands() -> None:
-    f = labels.layer([_node("n1"), _node("n2")])
-    assert [(x.node, x.status, x.layer) for x in f] == [
-        ("n1", FindingStatus.UNAVAILABLE, Layer.LABELS), ("n2", FindingStatus.UNAVAILABLE,
-                                                          Layer.LABELS)]
-
-
-def test_labels_compare_against_real_node_objects(fixtures_dir: Path) -> None:
-    doc = json.loads((fixtures_dir / K8S /
-                      "nodelist-raw-api-json-eks-arm64-2nodes-managedfields-taints-redacted.json"
-                      ).read_text())
-    actual = labels.metadata_from_object(doc["items"][0])
-    assert actual.taints and actual.labels
-    taint = actual.taints[0]
-    yaml_node = yaml.safe_load((fixtures_dir / K8S /
-                                "node-yaml-kubectl-edit-tesla-t4-x2-gce-k8s1.23.yaml").read_text())
-    t4 = labels.metadata_from_object(yaml_node)
-    assert t4.labels["nvidia.com/gpu.product"] == "Tesla-T4"
-    desired = labels.NodeMetadata(
-        labels={"nvidia.com/gpu.product": "Tesla-T4", "gpuready.example/pool": "pool_t4"},
-        taints=(), prefix="gpuready.example/", taint_keys=frozenset({taint.key}))
-    got = {f.item: (f.declared, f.actual) for f in
-           labels.compare(_node("n1"), desired, actual)}
-    assert got[f"taint {taint.key}"] == ("absent", str(taint))
-    assert got["label gpuready.example/pool"] == ("pool_t4", "absent")
-    assert not labels.compare(_node("n1"), labels.NodeMetadata(
-        labels={"nvidia.com/gpu.product": "Tesla-T4"}), t4)
-
-
-@pytest.mark.parametrize("fail", [True, False])
-def test_labels_layer_reads_and_survives_api_errors(fail: bool, fixtures_dir: Path) -> None:
-    node_yaml = yaml.safe_load((fixtures_dir / K8S /
-                                "node-yaml-kubectl-edit-tesla-t4-x2-gce-k8s1.23.yaml").read_text())
-
-    def read(name: str) -> labels.NodeMetadata:
-        if fail:
-            raise RuntimeError("403 Forbidden")
-        return labels.metadata_from_object(node_yaml)
-
-    def desired(node: object, latest: pd.DataFrame) -> labels.NodeMetadata:
-        return labels.NodeMetadata(labels={"gpuready.example/ok": "true"},
-                                   prefix="gpuready.example/")
-
-    f = labels.layer([_node("n1")], desired, pd.DataFrame(), read)
-    assert [(x.status, x.item) for x in f] == (
-        [(FindingStatus.ERROR, "Node object")] if fail
-        else [(FindingStatus.DRIFT, "label gpuready.example/ok")])
 
 
 def test_a_failing_tool_costs_only_its_own_probe(fixtures_dir: Path) -> None:

@@ -1,5 +1,5 @@
-"""Drift findings, exit codes, the run directory (atomic, overlapping runs), `since`, the
-Prometheus textfile and retention."""
+"""Drift findings, exit codes, the run directory (atomic, overlapping runs, run ids, an
+interrupted run), `since`, the Prometheus textfile and retention."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from validate.drift import report
 from validate.drift.model import Finding, FindingStatus, Layer, exit_code, merged
 from validate.history import run_files
 from validate.model import CheckResult, ExitCode, Status
+from validate.report import RunDirError
 
 D, S, U, E, X = (FindingStatus.DRIFT, FindingStatus.SKIPPED, FindingStatus.UNAVAILABLE,
                  FindingStatus.ERROR, FindingStatus.UNREACHABLE)
@@ -40,8 +42,12 @@ def test_merged_keeps_one_finding_per_item_and_the_probe_reading() -> None:
 
 
 def test_exit_codes_follow_the_one_table() -> None:
+    assert exit_code([_f("n", Layer.PERFORMANCE, "p", S)]) is ExitCode.OK
+    # A layer that could not be compared makes the run incomplete, drift or not.
     assert exit_code([_f("n", Layer.LABELS, "l", U), _f("n", Layer.PERFORMANCE, "p", S)]) \
-        is ExitCode.OK
+        is ExitCode.USAGE_OR_TOOL_ERROR
+    assert exit_code([_f("n", Layer.LABELS, "l", U), _f("n", Layer.VERSIONS, "v")]) \
+        is ExitCode.USAGE_OR_TOOL_ERROR
     assert exit_code([_f("n", Layer.VERSIONS, "v")]) is ExitCode.CHECK_FAILED
     assert exit_code([_f("n", Layer.VERSIONS, "v"), _f("n", Layer.RUNTIME, "r", E)]) \
         is ExitCode.USAGE_OR_TOOL_ERROR
@@ -142,3 +148,29 @@ def test_prune_removes_only_old_drift_runs(tmp_path: Path) -> None:
     assert removed == [old.name]
     assert new.exists() and (tmp_path / "20250101T000000Z").exists()
     assert (tmp_path / "notes.txt").exists()
+
+
+def test_an_interrupted_run_is_kept_but_neither_latest_nor_a_streak(tmp_path: Path) -> None:
+    hold = _f("n1", Layer.VERSIONS, "hold x")
+    first = _write(tmp_path, "20260101T000000Z-drift-0001", [hold], ("n1",), T0)
+    # Stopped before it looked at n1: it found nothing there, and must not end the streak.
+    stopped = report.write_run(tmp_path, report.RunMeta(
+        "20260101T010000Z-drift-0002", (T0 + timedelta(hours=1)).isoformat(),
+        (T0 + timedelta(hours=1)).isoformat(), ExitCode.INTERRUPTED, ("n1",),
+        tuple(x.value for x in Layer), None, {}, {}, interrupted=True, interrupted_by="SIGTERM"),
+        report.findings_frame([], {}), [], {"n1": "pool_a"}, 1.0)
+    assert "INTERRUPTED" in (stopped / "summary.md").read_text()
+    assert "gpuready_drift_run_status 130" in (stopped / "metrics.prom").read_text()
+    assert (tmp_path / "latest-drift").resolve() == first
+    run = _write(tmp_path, "20260101T020000Z-drift-0003", [hold], ("n1",),
+                 T0 + timedelta(hours=2))
+    assert pd.read_parquet(run / "drift.parquet")["since"].tolist() == [T0.isoformat()]
+    assert (tmp_path / "latest-drift").resolve() == run
+
+
+@pytest.mark.parametrize("run_id", ["/etc/x", "../x", "latest", "x.partial", ""])
+def test_reserve_refuses_run_ids_that_are_not_one_directory_under_out(
+        tmp_path: Path, run_id: str) -> None:
+    with pytest.raises(RunDirError, match="invalid run id"):
+        report.reserve(tmp_path / "out", run_id, lambda: "unused")
+    assert list((tmp_path / "out").iterdir()) == []

@@ -375,6 +375,14 @@ def test_a_host_with_an_integer_profile_is_refused_not_dropped(tmp_path: Path) -
     (["drift", "--check-timeout", "0"], "--check-timeout: must be >= 1"),
     (["drift", "--forks", "0"], "--forks: must be >= 1"),
     (["drift", "--baseline-runs", "0"], "--baseline-runs: must be >= 1"),
+    (["drift", "--node-deadline", "nan"], "--node-deadline: must be a finite number > 0"),
+    (["drift", "--node-deadline", "1e12"],
+     "--node-deadline: must be a finite number > 0 and at most 604800 seconds"),
+    (["drift", "--check-task-timeout", "0"], "--check-task-timeout: must be >= 1"),
+    (["drift", "--check-task-timeout", "1e9"], "--check-task-timeout: not an integer"),
+    (["drift", "--check-task-timeout", "100000"],
+     "--check-task-timeout: must be >= 1 and <= 86400"),
+    (["drift", "--kubeconfig", ""], "--kubeconfig: must name a file or directory"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_every_numeric_and_path_option_is_checked(tmp_path: Path, argv: list[str],
                                                   said: str) -> None:

@@ -320,7 +320,11 @@ def test_signal_stops_the_run_at_once(tmp_path: Path, fixtures_dir: Path,
     assert f"interrupted by {sig.name}" in stderr and "Traceback" not in stderr
     assert "exit: 130 INTERRUPTED" in stdout
     run_dir = out / "stopped"
-    assert (run_dir / "summary.md").read_text().splitlines()[2].startswith("**INTERRUPTED")
+    summary = (run_dir / "summary.md").read_text()
+    assert summary.splitlines()[2].startswith("**INTERRUPTED")
+    # The process, run.json and the summary say the same exit code.
+    assert json.loads((run_dir / "run.json").read_text())["exit_code"] == ExitCode.INTERRUPTED
+    assert "Exit code: 130 (INTERRUPTED" in summary
     rows = pd.read_parquet(run_dir / "results.parquet")
     assert set(rows["node"]) == {"n1-hung", "n2-queued", "n3-queued"}
     assert set(rows["code"]) == {"run.interrupted"}

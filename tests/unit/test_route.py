@@ -77,3 +77,17 @@ def test_proxycommand_tokens_are_expanded(tmp_path: Path) -> None:
 def test_bad_settings_name_the_option(args: str, message: str) -> None:
     with pytest.raises(RouteError, match=message):
         resolve("n", {"ansible_ssh_common_args": args})
+
+
+def test_global_known_hosts_files_are_trusted_as_openssh_reads_them(tmp_path: Path) -> None:
+    known, user, site = tmp_path / "inventory_kh", tmp_path / "uk", tmp_path / "global_kh"
+    route = resolve("n", {"gpuready_ssh_known_hosts": str(known),
+                          "ansible_ssh_common_args":
+                              f"-F {_config(tmp_path, '')} -o UserKnownHostsFile={user} "
+                              f"-o GlobalKnownHostsFile={site}"})
+    assert route.known_hosts == (known, user, site)
+    # Named as none (/dev/null): none; the default /etc/ssh/ssh_known_hosts only where it is.
+    route = resolve("n", {"ansible_ssh_common_args":
+                          f"-F {_config(tmp_path, '')} -o UserKnownHostsFile={user} "
+                          "-o GlobalKnownHostsFile=/dev/null"})
+    assert route.known_hosts == (user,)

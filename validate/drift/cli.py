@@ -4,6 +4,8 @@
     python -m validate drift -i <inventory> [--limit PATTERN] [--out DIR] [--history DIR ...]
         [--layers configuration,versions,runtime,labels,performance] [--perf-checks IDS]
         [--baseline-runs K] [--min-runs N] [--margin F] [--textfile PATH] [--keep-days N]
+        [--timeout S] [--node-deadline S] [--check-task-timeout S] [--check-timeout S]
+        [--kubeconfig FILE] [--run-id ID]
     python -m validate history <reports root> [--node NODE] [--figure F] [--baseline-runs K]
         [--min-runs N] [--margin F] [--kind all|validation|drift] [--format table|csv|json]
 """
@@ -12,15 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 
-from validate import argtypes
+from validate import argtypes, runner
+from validate.drift.config import DEFAULT_TASK_TIMEOUT_S
 from validate.drift.model import FindingStatus, Layer
 from validate.drift.performance import DEFAULT_CHECKS
-from validate.drift.run import DriftOptions, run_drift
+from validate.drift.run import DEFAULT_NODE_DEADLINE_S, DriftOptions, run_drift
 from validate.history import (
     DEFAULT_K,
     DEFAULT_MARGIN,
@@ -77,10 +81,24 @@ def add_parsers(sub: Any, default_out: Path) -> list[Any]:
     d.add_argument("--concurrency", type=argtypes.count(1, argtypes.MAX_CONCURRENCY), default=16)
     d.add_argument("--timeout", type=argtypes.seconds(argtypes.MAX_COMMAND_TIMEOUT_S),
                    default=60.0,
-                   help="per-command timeout of the probes in seconds")
+                   help="per-command timeout of the probes in seconds; a node that does not "
+                        "answer the first probe within it is given up (default %(default)g)")
+    d.add_argument("--node-deadline", type=argtypes.seconds(argtypes.MAX_NODE_DEADLINE_S),
+                   default=DEFAULT_NODE_DEADLINE_S,
+                   help="seconds all of one node's probes and performance checks may take; "
+                        "then its connection is aborted (host.deadline) (default %(default)g)")
+    d.add_argument("--check-task-timeout",
+                   type=argtypes.count(1, int(argtypes.MAX_COMMAND_TIMEOUT_S)),
+                   default=DEFAULT_TASK_TIMEOUT_S,
+                   help="seconds one check-mode task may take on one node; a node that does "
+                        "not answer within it is an error row and check mode goes on with the "
+                        "others (default %(default)d)")
     d.add_argument("--check-timeout", type=argtypes.count(1, int(argtypes.MAX_NODE_DEADLINE_S)),
                    default=3600,
-                   help="wall-clock limit of the check-mode run in seconds")
+                   help="wall-clock limit of the whole check-mode run in seconds")
+    d.add_argument("--kubeconfig", type=argtypes.path,
+                   help="for the labels layer (default: the inventory's gpuready_kubeconfig, "
+                        "then KUBECONFIG / ~/.kube/config), as the gate reads it")
     d.add_argument("--forks", type=argtypes.count(1, argtypes.MAX_CONCURRENCY),
                    help="Ansible forks for the check-mode run")
     d.add_argument("--textfile", type=argtypes.path,
@@ -88,7 +106,9 @@ def add_parsers(sub: Any, default_out: Path) -> list[Any]:
                         "textfile collector directory)")
     d.add_argument("--keep-days", type=argtypes.days(36_500),
                    help="remove drift runs under --out that finished more than N days ago")
-    d.add_argument("--run-id", help="defaults to <UTC time>-drift-<random>")
+    d.add_argument("--run-id", help="the run directory's name under --out (default: <UTC "
+                                    "time>-drift-<random>); letters, digits, '.', '_', '-'; "
+                                    "never reused")
     d.add_argument("--accept-unknown-host-keys", action="store_true",
                    help="trust host keys missing from known_hosts (never a changed key)")
     h = sub.add_parser("history", help="a node's figures over past runs, or the fleet's "
@@ -110,27 +130,43 @@ def _settings(args: argparse.Namespace) -> BaselineSettings:
     return BaselineSettings(k=args.baseline_runs, min_runs=args.min_runs, margin=args.margin)
 
 
-def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    if args.concurrency < 1 or args.timeout <= 0:
-        stderr.write("error: --concurrency must be >= 1 and --timeout > 0\n")
-        return ExitCode.USAGE_OR_TOOL_ERROR
+def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO,
+              run_log: Callable[[Path], None] | None = None) -> int:
+    """``validate drift``; ``run_log`` opens the run's log (``run.log``: warnings and
+    paramiko's records, validate/cli.py) in its directory once that is reserved."""
     opts = DriftOptions(
         inventory=args.inventory, out=args.out, limit=args.limit,
         history=tuple(args.history), layers=args.layers, perf_checks=args.perf_checks,
         baseline=_settings(args), concurrency=args.concurrency, timeout_s=args.timeout,
-        check_timeout_s=args.check_timeout, forks=args.forks, textfile=args.textfile,
-        keep_days=args.keep_days, run_id=args.run_id,
-        accept_unknown_host_keys=bool(args.accept_unknown_host_keys))
+        node_deadline_s=args.node_deadline, check_timeout_s=args.check_timeout,
+        check_task_timeout_s=args.check_task_timeout, forks=args.forks,
+        textfile=args.textfile, keep_days=args.keep_days, run_id=args.run_id,
+        accept_unknown_host_keys=bool(args.accept_unknown_host_keys),
+        kubeconfig=args.kubeconfig)
 
     def say(msg: str) -> None:
         stderr.write(f"gpuready drift: {msg}\n")
         stderr.flush()
 
-    result = run_drift(opts, progress=say)
+    control = runner.RunControl()
+    # Every SIGINT/SIGTERM asks the run to stop; the stop itself is bounded (the probes'
+    # connections are aborted, check mode's process group killed), so a second signal need
+    # not abandon the Ansible children.
+    with runner.stop_on_signals(control, second_stops_at_once=False):
+        result = run_drift(opts, progress=say, control=control, on_reserved=run_log)
     drift = result.table[result.table["status"] == FindingStatus.DRIFT.value]
     for r in drift.itertuples(index=False):
         stdout.write(f"DRIFT {r.node} {r.layer} {r.item}: declared {r.declared}, "
                      f"actual {r.actual} (since {r.since})\n")
+    if result.labels_unavailable:
+        stdout.write(f"NOT COMPARED labels and taints: {result.labels_unavailable}\n")
+    else:  # per node: no validation run of it, or one the gate would not act on
+        unseen = result.table[(result.table["layer"] == Layer.LABELS.value)
+                              & (result.table["status"] == FindingStatus.UNAVAILABLE.value)]
+        for r in unseen.itertuples(index=False):
+            stdout.write(f"NOT COMPARED {r.node} {r.layer}: {r.detail}\n")
+    if result.interrupted:
+        stdout.write("INTERRUPTED: a partial drift report\n")
     stdout.write(f"report: {result.run_dir}\n")
     if result.pruned:
         stdout.write(f"removed {len(result.pruned)} drift runs older than "

@@ -18,7 +18,19 @@ changed task becomes a finding, placed in the layer its module belongs to:
 A failed assert is the role's own verification saying the node is not what it declares: a
 finding in the role's layer. Ansible stops a failed host there, so the finding says that later
 roles were not compared on that node. Any other failure is an ``error``; an unreachable host is
-``unreachable``. Handlers are consequences of changes already reported and are skipped.
+``unreachable`` (a host key that is unknown or contradicts known_hosts is said in one line
+naming the key). Handlers are consequences of changes already reported and are skipped.
+
+Bounds: every task has a per-node deadline (``task_timeout_s``, Ansible's task timeout): a node
+that stops answering (an SSH channel that takes commands and never replies) is given up on the
+task it hangs in, as one ``error`` row (item ``check mode``), and Ansible goes on with the
+others, whose findings are intact. The whole pass has ``timeout_s``; ``cancel`` (SIGINT/SIGTERM
+in the CLI) stops it within a second: ansible-runner kills ansible-playbook's process group,
+and the run's ssh masters (their sockets in a directory of the run's own) are told to exit, so
+no process of the pass outlives it.
+
+Host keys: the pass verifies them exactly as the validators do and writes no known_hosts file
+(validate/ansible_ssh.py).
 
 Output: :class:`CheckModeResult`.
 """
@@ -28,18 +40,25 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import os
+import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from validate import ansible_ssh
 from validate.drift.model import Finding, FindingStatus, Layer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO_ROOT / "playbooks" / "bootstrap.yml"
+# Seconds one check-mode task may take on one node before the node is given up (the per-node
+# deadline of the pass). Check mode reads state and simulates; on a loaded control node a task
+# of a large fleet still takes seconds, not minutes.
+DEFAULT_TASK_TIMEOUT_S = 120
+CHECK_MODE_ITEM = "check mode"
 
 # Paths whose diffs are never shown, whatever the task says: key material and kubeconfigs.
 DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
@@ -97,7 +116,30 @@ class CheckModeResult:
     findings: list[Finding] = field(default_factory=list)
     package_tasks: dict[str, list[PackageTask]] = field(default_factory=dict)
     hosts: set[str] = field(default_factory=set)
-    stopped: dict[str, str] = field(default_factory=dict)
+    stopped: dict[str, str] = field(default_factory=dict)  # host -> the task it stopped at
+    left_running: list[str] = field(default_factory=list)  # ssh masters that would not exit
+
+
+_NO_KEY = re.compile(r"No (\S+) host key is known for (\S+)")
+_SENT_KEY = re.compile(r"fingerprint for the (\S+) key sent by the remote host is\s+(\S+)")
+_OFFENDING = re.compile(r"Offending (\S+) key in (\S+)")
+
+
+def host_key_problem(message: str) -> str:
+    """OpenSSH's refusal of a host key, in one line naming the key; ``""`` for any other
+    message. (OpenSSH names no fingerprint for an unknown key; the probes' line does.)"""
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in message:
+        sent = _SENT_KEY.search(message)
+        offending = _OFFENDING.search(message)
+        key = f"{sent.group(1)} key {sent.group(2).rstrip('.')}" if sent else "host key"
+        known = (f"; known_hosts has another ({offending.group(1)} key at "
+                 f"{offending.group(2)})" if offending else "")
+        return f"host key rejected: the node presents {key}, not the one known{known}"
+    unknown = _NO_KEY.search(message)
+    if unknown:
+        return (f"host key rejected: no {unknown.group(1)} host key of {unknown.group(2)} is "
+                "in known_hosts (strict checking: nothing was sent to the node)")
+    return ""
 
 
 def _short(action: str) -> str:
@@ -214,8 +256,12 @@ class EventReader:
             return
         res = data.get("res") or {}
         if kind == "runner_on_unreachable":
+            msg = str(res.get("msg", "")).strip()
+            problem = host_key_problem(msg)
             self._add(host, Layer.CONFIGURATION, "ssh", "reachable", "unreachable",
-                      FindingStatus.UNREACHABLE, str(res.get("msg", "")).strip(), data)
+                      FindingStatus.UNREACHABLE, f"{problem}\n{msg}" if problem else msg, data)
+        elif kind == "runner_on_failed" and res.get("timedout"):
+            self._timed_out(host, data, res)
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             self._failed(host, data, res)
         elif kind == "runner_on_ok":
@@ -227,8 +273,21 @@ class EventReader:
         self.result.findings.append(Finding(host, self.pools[host], layer, item, declared,
                                             actual, status, detail, source))
 
+    def _timed_out(self, host: str, data: Mapping[str, Any], res: Mapping[str, Any]) -> None:
+        timed = res.get("timedout")
+        period = timed.get("period") if isinstance(timed, dict) else None
+        role = str(data.get("role") or "play")
+        task = str(data.get("task") or "")
+        self.result.stopped[host] = f"{role}: {task}"
+        self._add(host, Layer.CONFIGURATION, CHECK_MODE_ITEM,
+                  f"each task answers within {period or '?'} s", "stopped answering",
+                  FindingStatus.ERROR,
+                  f"the node gave no result for {role} / {task} within the per-node deadline "
+                  f"of {period or '?'} s (Ansible's task timeout); check mode gave up on it "
+                  "(later tasks and roles not compared) and went on with the other nodes", data)
+
     def _failed(self, host: str, data: Mapping[str, Any], res: Mapping[str, Any]) -> None:
-        role = str(data.get("role") or "")
+        role = str(data.get("role") or "play")  # a play's own task (Gathering Facts) has none
         task = str(data.get("task") or "")
         action = _short(str(data.get("resolved_action") or data.get("task_action") or ""))
         msg = str(res.get("msg", "")).strip()
@@ -313,10 +372,14 @@ def run_check_mode(
     limit: str | None = None,
     playbook: Path = BOOTSTRAP,
     timeout_s: int = 3600,
+    task_timeout_s: int = DEFAULT_TASK_TIMEOUT_S,
     forks: int | None = None,
     secret_patterns: Sequence[str] = DEFAULT_SECRET_PATTERNS,
+    accept_unknown_host_keys: bool = False,
+    cancel: Callable[[], bool] | None = None,
 ) -> CheckModeResult:
-    """Run ``playbook`` with ``--check --diff`` on the hosts in ``pools`` and read its events.
+    """Run ``playbook`` with ``--check --diff`` on the hosts in ``pools`` and read its events
+    (bounds, cancelling and host keys: module docstring).
 
     ansible-runner's private directory is temporary: its artifacts hold the hosts' module
     output (diffs included), which must not outlive the run. Blocking; call from a thread to
@@ -326,23 +389,38 @@ def run_check_mode(
     started = time.monotonic()
     reader = EventReader(pools, secret_patterns)
     with tempfile.TemporaryDirectory(prefix="gpuready-drift-") as private:
+        scratch = Path(private) / "ssh"
+        control = scratch / "cp"
+        control.mkdir(parents=True)
         env = {
             "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
             "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_TASK_TIMEOUT": str(task_timeout_s),
         }
-        runner = ansible_runner.run(
-            private_data_dir=private,
-            project_dir=str(REPO_ROOT),
-            playbook=str(playbook),
-            inventory=str(inventory.resolve()),  # ansible-runner runs elsewhere
-            limit=limit or ",".join(sorted(pools)),
-            cmdline="--check --diff",
-            envvars=env,
-            forks=forks,
-            timeout=timeout_s,
-            quiet=True,
-        )
+        settings = ansible_ssh.runner_settings(
+            inventory.resolve(), scratch, envvars=env, limit=limit or ",".join(sorted(pools)),
+            accept_unknown_host_keys=accept_unknown_host_keys, control_dir=control)
+        try:
+            runner = ansible_runner.run(
+                private_data_dir=private,
+                project_dir=str(REPO_ROOT),
+                playbook=str(playbook),
+                inventory=str(inventory.resolve()),  # ansible-runner runs elsewhere
+                limit=limit or ",".join(sorted(pools)),
+                cmdline="--check --diff",
+                forks=forks,
+                timeout=timeout_s,
+                quiet=True,
+                # How often ansible-runner looks at `cancel` (its default is 5 s).
+                settings={"pexpect_timeout": 1},
+                cancel_callback=cancel or (lambda: False),
+                **settings,
+            )
+        finally:
+            # ansible-playbook's process group is gone; its ssh masters (daemons of their own,
+            # kept ControlPersist seconds) and any client still waiting on a silent node are not.
+            reader.result.left_running = ansible_ssh.stop_masters(control)
         reader.feed(runner.events)
         result = reader.result
         result.rc = int(runner.rc if runner.rc is not None else -1)
@@ -354,10 +432,20 @@ def run_check_mode(
             except (OSError, AttributeError):
                 tail = ""
     result.elapsed_s = time.monotonic() - started
-    for host in sorted(set(pools) - result.hosts):
+    canceled = result.status == "canceled"
+    for host in sorted(pools):
+        if host in result.hosts and not (canceled and host not in result.stopped):
+            continue
+        if not canceled:
+            why = (f"ansible-playbook --check ended {result.status} (rc {result.rc}) without a "
+                   f"result for this node: {tail}")
+        elif host in result.hosts:
+            why = ("interrupted: check mode stopped before it finished on this node (the "
+                   "findings it made so far are kept)")
+        else:
+            why = "interrupted: check mode stopped before this node's first result"
         result.findings.append(Finding(
-            host, pools[host], Layer.CONFIGURATION, "check mode", "run on the node",
-            "no result", FindingStatus.ERROR,
-            f"ansible-playbook --check ended {result.status} (rc {result.rc}) without a "
-            f"result for this node: {tail}", "check mode"))
+            host, pools[host], Layer.CONFIGURATION, CHECK_MODE_ITEM, "run on the node",
+            "interrupted" if canceled else "no result", FindingStatus.ERROR, why,
+            "check mode"))
     return result

@@ -5,9 +5,13 @@ A finding's ``status`` says what kind of news it is:
 - ``drift``: the node differs from what the inventory declares (exit code 1);
 - ``skipped``: the item was deliberately not checked (a heavy test on a node with GPU work, a
   figure with too little history), with the reason in ``detail``;
-- ``unavailable``: the layer cannot be compared yet (labels and taints until the gate lands);
+- ``unavailable``: the layer could not be compared (labels and taints with no Kubernetes API
+  or kubeconfig, a node no validation run covers): the run is incomplete, exit code 2 (unless
+  ``--layers`` left the layer out, when it is not asked at all);
 - ``error``: a probe or the check-mode run could not answer (exit code 2);
-- ``unreachable``: the node could not be reached at all (exit code 3).
+- ``unreachable``: the node could not be reached at all, or stopped answering (exit code 3).
+
+An interrupted run (SIGINT/SIGTERM) exits 130 whatever it found (validate/drift/run.py).
 
 Items are named the same way by every source that can see them, so a service that check mode
 would start and that ``systemctl is-active`` calls inactive is one finding, not two:
@@ -116,12 +120,13 @@ _RANK = {
 
 
 def exit_code(findings: Sequence[Finding]) -> ExitCode:
-    """The one exit-code table, applied to a drift run: unreachable beats a tool error beats
-    drift (``CHECK_FAILED``, 1); skipped and unavailable items do not change the code."""
+    """The one exit-code table, applied to a drift run: unreachable (3) beats incomplete (a
+    tool error or a layer that could not be compared: 2) beats drift (``CHECK_FAILED``, 1);
+    skipped items do not change the code."""
     statuses = {f.status for f in findings}
     if FindingStatus.UNREACHABLE in statuses:
         return ExitCode.UNREACHABLE
-    if FindingStatus.ERROR in statuses:
+    if statuses & {FindingStatus.ERROR, FindingStatus.UNAVAILABLE}:
         return ExitCode.USAGE_OR_TOOL_ERROR
     if FindingStatus.DRIFT in statuses:
         return ExitCode.CHECK_FAILED

@@ -18,6 +18,10 @@ rule for a kubelet waiting for ``kubeadm join``), ``persistence mode`` on every 
 ``containerd runtime <name>`` in ``containerd config dump``, ``module <name>`` for the kernel
 modules the roles load. In a container the kernel belongs to the host (as the roles say), so
 modules are not compared there.
+
+A node that takes the first probe (``systemd-detect-virt``, answered at once by any Linux) and
+gives no answer within the timeout has stopped answering: it is given up at once (item
+``ssh``, ``unreachable``, code ``host.unresponsive``) instead of costing one timeout per probe.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from validate.checks.node import KUBELET, KUBELET_KUBECONFIG, expected_units
 from validate.drift.config import PackageTask
 from validate.drift.declared import as_bool, as_list, declared
 from validate.drift.model import Finding, FindingStatus, Layer
+from validate.model import CODE_INTERRUPTED, CODE_TIMEOUT
 from validate.parsers import (
     ParseError,
     containerd_config,
@@ -42,6 +47,7 @@ from validate.parsers import (
 from validate.parsers.nvidia_smi_csv import ComputeApp
 from validate.parsers.nvidia_smi_model import NvidiaSmiLog
 from validate.transport import TransportError
+from validate.transport.base import Unresponsive
 
 NVSMI_PATH = "/usr/bin/nvidia-smi"  # where every NVIDIA driver package installs it
 MODULE_VERSION = "/sys/module/nvidia/version"
@@ -108,7 +114,11 @@ class Prober:
                                else Layer.VERSIONS, name, exc, name)
         except TransportError as exc:
             self.out.unreachable = exc.reason
-            status = (FindingStatus.UNREACHABLE if exc.code != "tool.timeout"
+            if exc.code == CODE_INTERRUPTED:
+                self.finding(Layer.CONFIGURATION, "probes", "run", "interrupted",
+                             FindingStatus.ERROR, exc.reason, "ssh")
+                return self.out
+            status = (FindingStatus.UNREACHABLE if exc.code != CODE_TIMEOUT
                       else FindingStatus.ERROR)
             self.finding(Layer.CONFIGURATION, "ssh", "reachable", exc.code, status,
                          exc.reason, "ssh")
@@ -117,9 +127,15 @@ class Prober:
     # -- versions ------------------------------------------------------------------------
 
     def _container(self) -> str | None:
+        argv = ("systemd-detect-virt", "--container")
         try:
-            res = self.ctx.output(("systemd-detect-virt", "--container"), ok_rcs=(0, 1))
-        except ToolFailure:
+            res = self.ctx.output(argv, ok_rcs=(0, 1))
+        except ToolFailure as exc:
+            if exc.code == CODE_TIMEOUT:  # the first command: a node that stopped answering
+                raise Unresponsive(self.node.name, f"the node took `{' '.join(argv)}` and "
+                                   f"gave no answer within {self.ctx.default_timeout_s:g} s: "
+                                   "it stopped answering; its other probes were not run"
+                                   ) from None
             return None  # no systemd-detect-virt: treat as bare metal and compare everything
         kind = res.stdout.strip()
         return kind if res.rc == 0 and kind and kind != "none" else None

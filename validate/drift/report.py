@@ -9,12 +9,22 @@ directory) holds:
 - ``results.parquet`` / ``results.csv``: the performance checks' rows (validate/model.py's
   columns): the history later runs judge against;
 - ``summary.md`` and ``index.html``; ``metrics.prom``; ``drift.json`` (run metadata: nodes,
-  layers, exit code, timings, settings).
+  layers, exit code, timings, settings, ``interrupted``);
+- ``run.json`` (validate/runinfo.py) with ``run_kind: drift``, so readers of a reports root
+  tell drift runs from validation runs;
+- ``run.log``: warnings and paramiko's log, written there by the CLI (validate/cli.py) from the
+  moment the directory is reserved.
 
-Everything is written into ``<out>/.<run-id>.partial/`` and renamed into place at the end, so a
-reader (history, a second drift run) sees a run whole or not at all. ``<out>/latest-drift``
-points at the newest run. The Prometheus file, when asked for, is written beside its target
-and renamed over it (node_exporter's textfile collector never reads half a file).
+Both tables are written with an explicit schema (text columns stay text in a run with no rows:
+one inferred from nothing made later reads of the root fail).
+
+The run id is checked as the validators check theirs (no path, no ``..``) and
+``<out>/.<run-id>.partial/`` is reserved before any node is asked (:func:`reserve`);
+everything is written there and renamed into place at the end, so a reader (history, a second
+drift run) sees a run whole or not at all. ``<out>/latest-drift`` points at the newest complete
+run (an interrupted one is written, marked, and not pointed at). The Prometheus file, when
+asked for, is written beside its target and renamed over it (node_exporter's textfile
+collector never reads half a file).
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,15 +48,23 @@ import pyarrow.parquet as pq
 
 from validate.drift.model import COLUMNS, Finding, FindingStatus
 from validate.model import CheckResult, ExitCode
-from validate.report import point_link, to_frame
+from validate.report import point_link, results_table, start_run, to_frame
+from validate.runinfo import RunInfo, write_run_info
 
 TABLE = "drift.parquet"
 META = "drift.json"
 LATEST = "latest-drift"
 TABLE_COLUMNS = ["node", "pool", "layer", "item", "declared", "actual", "since", "status",
                  "detail", "source"]
+# Written explicitly, as the results' schema is (validate/report.py): a run with no findings
+# still says its columns are text.
+TABLE_SCHEMA = pa.schema([(c, pa.large_string()) for c in TABLE_COLUMNS])
 # How far back `since` looks (drift runs, newest first).
 SINCE_RUNS = 2000
+PARTIAL = ".partial"
+INTERRUPTED_NOTE = ("**INTERRUPTED (SIGINT/SIGTERM): this drift run was stopped before every "
+                    "layer of every node was compared; rows with status error say what was "
+                    "not.**")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +78,20 @@ class RunMeta:
     environment: str | None
     settings: dict[str, Any]
     timings: dict[str, float]
+    interrupted: bool = False
+    interrupted_by: str | None = None
+
+
+def reserve(out_root: Path, run_id: str | None, new_id: Callable[[], str]) -> Path:
+    """Check the run id (``run_id``, else ``new_id()``) as the validators check theirs and
+    reserve ``<out>/.<id>.partial`` (a dot-directory: history never reads a run being
+    written); returns it. Raises RunDirError naming what is wrong."""
+    return start_run(out_root, run_id, new_id, lambda rid: f".{rid}{PARTIAL}").partial_dir
+
+
+def release(partial: Path) -> None:
+    """Give a reserved run directory back (the run failed before writing anything)."""
+    shutil.rmtree(partial, ignore_errors=True)
 
 
 def drift_runs(root: Path, exclude: str = "") -> list[tuple[str, dict[str, Any], Path]]:
@@ -93,6 +125,8 @@ def since_times(root: Path, findings: Sequence[Finding], now: str, exclude: str 
     for _run_id, meta, path in drift_runs(root, exclude)[:SINCE_RUNS]:
         if not open_keys:
             break
+        if meta.get("interrupted"):
+            continue  # it may have stopped before looking: it neither starts nor ends a streak
         checked = set(meta.get("nodes", []))
         try:
             prev = pq.read_table(path / TABLE, columns=["node", "layer", "item", "status"])
@@ -158,7 +192,7 @@ def prometheus(table: pd.DataFrame, meta: RunMeta, pools: dict[str, str],
         "# TYPE gpuready_drift_last_run_timestamp_seconds gauge",
         f"gpuready_drift_last_run_timestamp_seconds {finished:.0f}",
         "# HELP gpuready_drift_run_status Exit code of the last drift run: 0 no drift, 1 drift, "
-        "2 usage or tool error, 3 unreachable hosts.",
+        "2 usage or tool error or a layer not compared, 3 unreachable hosts, 130 interrupted.",
         "# TYPE gpuready_drift_run_status gauge",
         f"gpuready_drift_run_status {int(meta.exit_code)}",
         "# HELP gpuready_drift_run_duration_seconds Wall time of the last drift run.",
@@ -183,6 +217,8 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]
 def summary_markdown(table: pd.DataFrame, meta: RunMeta) -> str:
     drift = table[table["status"] == FindingStatus.DRIFT.value]
     lines = [f"# gpuready drift run {meta.run_id}", ""]
+    if meta.interrupted:
+        lines += [INTERRUPTED_NOTE, ""]
     if meta.environment:
         lines += [f"**Environment: {meta.environment}**", ""]
     nodes_drifted = drift["node"].nunique()
@@ -254,19 +290,17 @@ def write_textfile(path: Path, text: str) -> None:
 
 def write_run(out_root: Path, meta: RunMeta, table: pd.DataFrame,
               rows: Sequence[CheckResult], pools: dict[str, str], duration_s: float,
-              textfile: Path | None = None) -> Path:
-    """Write the run directory (module docstring); returns its final path."""
-    out_root.mkdir(parents=True, exist_ok=True)
+              textfile: Path | None = None, *, reserved: Path | None = None,
+              run_info: RunInfo | None = None) -> Path:
+    """Write the run directory (module docstring) into ``reserved`` (see :func:`reserve`;
+    reserved here when not given); returns its final path."""
+    partial = reserved or reserve(out_root, meta.run_id, lambda: meta.run_id)
     final = out_root / meta.run_id
-    partial = out_root / f".{meta.run_id}.partial"
-    partial.mkdir()  # fails if another run had the same id: never write into someone's run
     try:
-        arrow = pa.Table.from_pandas(table, preserve_index=False)
+        arrow = pa.Table.from_pandas(table, schema=TABLE_SCHEMA, preserve_index=False)
         pq.write_table(arrow, partial / TABLE)
         pa_csv.write_csv(arrow, partial / "drift.csv")
-        results = to_frame(list(rows))
-        res_table = pa.Table.from_pandas(results.assign(status=results["status"].astype(str)),
-                                         preserve_index=False)
+        res_table = results_table(to_frame(list(rows)))
         pq.write_table(res_table, partial / "results.parquet")
         pa_csv.write_csv(res_table, partial / "results.csv")
         md = summary_markdown(table, meta)
@@ -274,6 +308,8 @@ def write_run(out_root: Path, meta: RunMeta, table: pd.DataFrame,
         (partial / "index.html").write_text(html_page(md, table, meta))
         prom = prometheus(table, meta, pools, duration_s)
         (partial / "metrics.prom").write_text(prom)
+        if run_info is not None:
+            write_run_info(partial, run_info)
         meta_doc = dataclasses.asdict(meta)
         meta_doc["exit_code"] = int(meta.exit_code)
         (partial / META).write_text(json.dumps(meta_doc, indent=1, sort_keys=True) + "\n")
@@ -281,7 +317,8 @@ def write_run(out_root: Path, meta: RunMeta, table: pd.DataFrame,
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    point_link(out_root / LATEST, final.name)
+    if not meta.interrupted:
+        point_link(out_root / LATEST, final.name)
     if textfile is not None:
         write_textfile(textfile, prom)
     return final

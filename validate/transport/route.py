@@ -12,7 +12,9 @@ validators need:
 - the way there: ``ProxyJump`` (``-J`` or ``-o ProxyJump=``, each jump host itself looked up
   in ssh config) or ``ProxyCommand`` (``%h``, ``%p``, ``%r``, ``%%`` expanded);
 - the host keys to verify against: the inventory's ``gpuready_ssh_known_hosts`` plus the
-  ``UserKnownHostsFile`` OpenSSH would read (args, ssh config, else ``~/.ssh/known_hosts``).
+  ``UserKnownHostsFile`` and ``GlobalKnownHostsFile`` OpenSSH would read (args, ssh config,
+  else ``~/.ssh/known_hosts`` and ``/etc/ssh/ssh_known_hosts`` where they exist). Ansible runs
+  the suite starts are given the same files (validate/ansible_ssh.py).
 
 Output: a :class:`Route`. Bad input (a ``-J`` with no host, a port that is not a port) is a
 :class:`RouteError` naming the option. Options the validators cannot honour
@@ -30,6 +32,7 @@ import paramiko
 
 DEFAULT_SSH_CONFIG = Path("~/.ssh/config")
 DEFAULT_KNOWN_HOSTS = (Path("~/.ssh/known_hosts"), Path("~/.ssh/known_hosts2"))
+DEFAULT_GLOBAL_KNOWN_HOSTS = (Path("/etc/ssh/ssh_known_hosts"), Path("/etc/ssh/ssh_known_hosts2"))
 
 
 class RouteError(ValueError):
@@ -180,16 +183,18 @@ def _expand(command: str, hop: Hop) -> str:
 def _known_hosts(inventory_file: Path | None, options: Mapping[str, str],
                  looked: Mapping[str, object]) -> tuple[Path, ...]:
     files: list[Path] = [inventory_file] if inventory_file is not None else []
-    user_files = _first(options.get("userknownhostsfile"), looked.get("userknownhostsfile"))
-    candidates: Iterable[Path] = (
-        [Path(p) for p in shlex.split(user_files)] if user_files else DEFAULT_KNOWN_HOSTS)
-    for path in candidates:
-        full = path.expanduser()
-        if str(path) == "/dev/null":
-            continue
-        # OpenSSH skips a default file that does not exist; a named one is read (and fails).
-        if full not in files and (user_files or full.is_file()):
-            files.append(full)
+    for option, defaults in (("userknownhostsfile", DEFAULT_KNOWN_HOSTS),
+                             ("globalknownhostsfile", DEFAULT_GLOBAL_KNOWN_HOSTS)):
+        named = _first(options.get(option), looked.get(option))
+        candidates: Iterable[Path] = (
+            [Path(p) for p in shlex.split(named)] if named else defaults)
+        for path in candidates:
+            full = path.expanduser()
+            if str(path) == "/dev/null":
+                continue
+            # OpenSSH skips a default file that does not exist; a named one is read (and fails).
+            if full not in files and (named or full.is_file()):
+                files.append(full)
     return tuple(files)
 
 
