@@ -446,9 +446,16 @@ def test_peer_remove_stops_only_this_runs_daemons(tmp_path: Path):
 def _children(pid: int) -> list[str]:
     """The children of ``pid`` that are the stand-in rank (``sleep 600``)."""
     out = subprocess.run(["pgrep", "-P", str(pid)], check=False, capture_output=True, text=True)
-    return [p for p in out.stdout.split()
-            if "sleep 600" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
-            .replace("\0", " ")]
+    return [p for p in out.stdout.split() if "sleep 600" in _cmdline(p)]
+
+
+def _cmdline(pid: str) -> str:
+    """``pid``'s command line; empty once it has exited (the loop's ``sleep 0.1`` children
+    come and go between pgrep and this read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace").replace("\0", " ")
+    except OSError:
+        return ""
 
 
 def test_peer_host_keys_come_from_the_verified_known_hosts(tmp_path: Path):
