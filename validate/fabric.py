@@ -51,6 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from validate import desired
+from validate.checks.fabric import PAIR_CHECK_ID, PAIR_TITLE
 from validate.fabric_launch import (
     CLEANUP_WAIT_S,
     KILL_AFTER_S,
@@ -78,8 +79,8 @@ from validate.transport import CommandResult, Transport, TransportError
 
 LOG = logging.getLogger(__name__)
 
-CHECK_ID = "fabric.nccl_pair"
-TITLE = "NCCL all-reduce across node pairs of a pool (multi-node fabric, suspect/confirm)"
+CHECK_ID = PAIR_CHECK_ID
+TITLE = PAIR_TITLE
 METRIC = "busbw_gbps"
 RDMA_FABRICS = ("infiniband", "roce")
 CODE_UNRESOLVED = "fabric.nccl_pair.unresolved"
@@ -337,9 +338,9 @@ class _Cancelled(Exception):
     """The run was interrupted before this step."""
 
 
-class _Gate:
-    """Key installs enter; the sweep closes the gate and waits for those in flight, so that
-    nothing is installed after the sweep looked."""
+class _KeyInstallLatch:
+    """Key installs enter; the sweep closes the latch and waits for those in flight, so that
+    nothing is installed after the sweep looked. (Not the admission gate, validate.gate.)"""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -402,7 +403,7 @@ class PairExecutor:
     transport_for: Callable[[Node], Transport]
     accept_unknown_host_keys: bool = False
     ledger: KeyLedger = field(default_factory=KeyLedger)
-    gate: _Gate = field(default_factory=_Gate)
+    key_installs: _KeyInstallLatch = field(default_factory=_KeyInstallLatch)
     _transports: dict[str, Transport] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -442,7 +443,7 @@ class PairExecutor:
         run_dir = _run_dir_name(self.run_id, pass_no, launcher.name, peer.name)
         ta, tb = self.transport(launcher.name), self.transport(peer.name)
         try:
-            with self.gate.enter():
+            with self.key_installs.enter():
                 # Into the ledger before the step: a step that dies half-way may have left it.
                 # A transport error means the command never ran (the node was not reached).
                 self.ledger.add_dir(launcher.name, run_dir)
@@ -509,9 +510,10 @@ class PairExecutor:
         return problem
 
     def sweep(self) -> list[str]:
-        """Close the gate, then remove every key and run directory still out, over fresh
-        connections (a worker may still hold its own). Returns what could not be removed."""
-        if not self.gate.close(SWEEP_WAIT_S):
+        """Close the key-install latch, then remove every key and run directory still out,
+        over fresh connections (a worker may still hold its own). Returns what could not be
+        removed."""
+        if not self.key_installs.close(SWEEP_WAIT_S):
             LOG.warning("key installs still in flight after %.0f s; sweeping anyway",
                         SWEEP_WAIT_S)
         keys, dirs = self.ledger.outstanding()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fnmatch
 
-from validate import fabric as fabric_pairs
 from validate.checks import fabric, gpu, nccl, node, storage
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict
 
@@ -22,7 +21,7 @@ REGISTRY: dict[str, Check] = {
 
 # Checks that run across nodes rather than on each node (id -> title): run after the per-node
 # checks, and only when --checks names them (a pair test takes two nodes and minutes).
-MULTI_NODE: dict[str, str] = {fabric_pairs.CHECK_ID: fabric_pairs.TITLE}
+MULTI_NODE: dict[str, str] = {fabric.PAIR_CHECK_ID: fabric.PAIR_TITLE}
 
 
 class UnknownCheck(ValueError):

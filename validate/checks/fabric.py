@@ -33,6 +33,10 @@ class FabricIb(Check):
 
 # gpu_pool.fabric -> the ibstat link layer of the GPU fabric's ports. Other ports (a bonded
 # Ethernet management HCA on an InfiniBand node, say) are not the GPU fabric.
+# The multi-node pair check (validate.fabric runs it): its id and title here, where the registry
+# reads them without loading the pair runner.
+PAIR_CHECK_ID = "fabric.nccl_pair"
+PAIR_TITLE = "NCCL all-reduce across node pairs of a pool (multi-node fabric, suspect/confirm)"
 LINK_LAYER = {"infiniband": "InfiniBand", "roce": "Ethernet"}
 
 
