@@ -30,7 +30,8 @@ sys.path.insert(0, str(REPO))
 
 # The checkout is run in place, not installed: its path goes first.
 from validate.model import CheckResult, Status  # noqa: E402
-from validate.report import to_frame, write_report  # noqa: E402
+from validate.report import write_report  # noqa: E402
+from validate.results import to_frame  # noqa: E402
 
 # Real (check, metric, unit) shapes, padded with per-GPU ECC rows to reach 40 per node.
 BASE = [

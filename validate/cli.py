@@ -61,15 +61,14 @@ from validate.parsers import (
     xid,
 )
 from validate.profiles import ProfileError
-from validate.report import (
+from validate.report import Report, finish_run, write_report
+from validate.results import (
     PendingRun,
-    Report,
     ReportExtras,
     RunDirError,
     load_results,
     start_run,
     to_frame,
-    write_report,
 )
 from validate.transport import DEFAULT_MAX_OUTPUT_BYTES
 
@@ -366,7 +365,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[s
         stderr.flush()
         doing.append("writing the report")
         info = dataclasses.replace(info, finished=runinfo.now_utc())
-        report = pending.finish(rows, environment=environment, interrupted=control.interrupted,
+        report = finish_run(pending, rows, environment=environment, interrupted=control.interrupted,
                                 run_info=info, extras=_extras(rows, nodes, pending, outcome,
                                                               stderr))
     except KeyboardInterrupt:
@@ -485,7 +484,7 @@ def _cmd_fabric(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
                           args.concurrency, stderr)
     _keeper(pending, stderr)(None, list(outcome.rows))
     info = dataclasses.replace(info, finished=runinfo.now_utc())
-    report = pending.finish(list(outcome.rows), environment=environment,
+    report = finish_run(pending, list(outcome.rows), environment=environment,
                             interrupted=outcome.interrupted, run_info=info,
                             extras=_extras(outcome.rows, nodes, pending, outcome, stderr))
     return _print_result(report, stdout)

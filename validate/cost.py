@@ -51,7 +51,7 @@ from validate import runinfo
 from validate.inventory import Node
 from validate.model import Status
 from validate.profiles import ProfileError, load_profile
-from validate.report import ReportExtras
+from validate.results import ReportExtras
 
 VAR = "gpuready_cost"
 COMPONENTS = ("compute", "network", "storage", "support", "idle", "failed_runs", "operations")

@@ -48,7 +48,7 @@ from validate.labels import (
     parse_time,
 )
 from validate.model import CODE_OK, Status, worst
-from validate.report import load_results
+from validate.results import load_results
 
 # The figures the gate turns into labels: they must be numbers wherever a row passes.
 GATE_FIGURES = (("gpu.count", "gpu_count"), ("gpu.memory", "memory_total_mib"))

@@ -78,7 +78,7 @@ from validate.labels import (
 )
 from validate.model import ExitCode
 from validate.profiles import ProfileError
-from validate.report import ResultsError
+from validate.results import ResultsError
 
 MAX_ATTEMPTS = 5
 MERGE_PATCH = "application/merge-patch+json"

@@ -54,7 +54,7 @@ import pyarrow.dataset as ds
 
 from validate import runinfo
 from validate.model import Status
-from validate.report import KEY_FIGURES
+from validate.results import KEY_FIGURES
 
 RESULTS_FILE = "results.parquet"
 DEFAULT_K = 5

@@ -16,82 +16,53 @@
 
 Everything is vectorised: 10,000 nodes x 40 checks render in seconds.
 
-Placement (nothing a reader sees is ever half written):
-
-- :func:`start_run` is called before the first connection: it checks ``--out`` (created if
-  missing, must be a writable directory), validates or makes the run id, and reserves it by
-  creating ``<out>/<run-id>.partial/`` (a run directory is never reused: a second run with the
-  same id fails, an automatic id is drawn again).
-- :meth:`PendingRun.append` writes each node's rows to ``<run-id>.partial/rows.jsonl`` as the
-  node finishes (flushed and fsynced): a killed validator leaves every finished node's rows,
-  and ``python -m validate report <out>/<run-id>.partial`` renders them.
-- :func:`write_report` builds every file in a temporary directory and renames it into place;
-  ``latest`` is switched (atomically) only to a complete run. A run stopped by SIGINT/SIGTERM
-  is still placed, marked "interrupted" (its rows carry ``run.interrupted``), and ``latest``
-  stays where it was.
+The run's store (its directory, rows, frames, ``latest``) is :mod:`validate.results`; this
+module renders it. :func:`finish_run` and :func:`write_report` build every file in a temporary
+directory (the reserved ``.partial`` one) and rename it into place; ``latest`` is switched
+(atomically) only to a complete run. A run stopped by SIGINT/SIGTERM is still placed, marked
+"interrupted" (its rows carry ``run.interrupted``), and ``latest`` stays where it was.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import html
-import json
 import os
-import re
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from operator import attrgetter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
-import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from validate.actions import action_for
 from validate.model import (
     CODE_INTERRUPTED,
-    COLUMNS,
     EXIT_MEANING,
-    SEVERITY,
     CheckResult,
     ExitCode,
     Status,
     exit_code_for,
 )
-from validate.report_page import html_page
+from validate.results import (
+    _STATUS_ORDER,
+    LATEST,
+    OUTLIER_FRACTION,
+    ROWS_FILE,
+    PendingRun,
+    ReportExtras,
+    fleet_view,
+    node_summary,
+    point_link,
+    results_table,
+    to_frame,
+)
 from validate.runinfo import RunInfo, write_run_info
 
-OUTLIER_FRACTION = 0.10
-# (check, metric) -> column name in nodes.csv / figure name in fleet.csv (all higher = better).
-KEY_FIGURES: dict[tuple[str, str], str] = {
-    ("nccl.allreduce", "busbw_gbps"): "nccl_busbw_gbps",
-    ("storage.fio", "seq_read_mibps"): "fio_seq_read_mibps",
-    ("storage.fio", "seq_write_mibps"): "fio_seq_write_mibps",
-    ("storage.fio", "randread_4k_iops"): "fio_randread_4k_iops",
-    ("storage.checkpoint", "write_gbps"): "checkpoint_write_gbps",
-    ("storage.checkpoint", "read_gbps"): "checkpoint_read_gbps",
-}
-_STATUS_ORDER = [s.value for s in sorted(SEVERITY, key=SEVERITY.__getitem__)]
-_STATUS_DTYPE = pd.CategoricalDtype(_STATUS_ORDER, ordered=True)
 _PROM_STATUS = {"pass": 0, "warn": 1, "fail": 2, "error": 3, "skip": -1}
-
-
-@dataclass(frozen=True)
-class ReportExtras:
-    """What other modules add to a run's report (validate.cost's capacity and cost view,
-    validate.fabric's pair table): Markdown appended to summary.md, an HTML section for
-    index.html, Prometheus lines appended to metrics.prom, and ``write_files(build_dir)`` for
-    files of their own, written before the run directory is placed."""
-
-    markdown: str = ""
-    html: str = ""
-    metrics: str = ""
-    write_files: Callable[[Path], object] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,287 +76,10 @@ class Report:
     interrupted: bool = False
 
 
-# The results files' columns and types, given explicitly: inferred from a run with no rows,
-# the text columns came out as doubles, and every later read of the reports root as one
-# dataset (history, drift baselines) failed on the first real run id.
-_FLOAT_COLUMNS = ("value", "warn", "fail", "duration_s")
-RESULTS_SCHEMA = pa.schema([(c, pa.float64() if c in _FLOAT_COLUMNS else pa.large_string())
-                            for c in COLUMNS])
-PARTIAL_SUFFIX = ".partial"
-ROWS_FILE = "rows.jsonl"
-LATEST = "latest"
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 INTERRUPTED_NOTE = (
     "**INTERRUPTED: this run was stopped (SIGINT/SIGTERM) before every check finished; rows "
     "with code run.interrupted were cut short or never started.**"
 )
-
-
-class RunDirError(Exception):
-    """The output directory or the run id cannot be used."""
-
-
-def check_run_id(run_id: str) -> str:
-    """``run_id`` when it is safe as one directory name under ``--out``: letters, digits,
-    ``.``, ``_``, ``-``, at most 80 characters, not starting with ``.`` or ``-``; not
-    ``latest`` and not ending in ``.partial``."""
-    if (
-        not _RUN_ID.fullmatch(run_id)
-        or run_id == LATEST
-        or run_id.endswith(PARTIAL_SUFFIX)
-    ):
-        raise RunDirError(
-            f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (at most 80, "
-            f"starting with a letter or digit), not {LATEST!r} or a name ending in "
-            f"{PARTIAL_SUFFIX!r}"
-        )
-    return run_id
-
-
-@dataclass
-class PendingRun:
-    """A reserved run directory being filled (see the module docstring)."""
-
-    out_root: Path
-    run_id: str
-    partial_dir: Path
-    _rows: IO[str] | None = field(default=None, repr=False)
-
-    @property
-    def rows_file(self) -> Path:
-        return self.partial_dir / ROWS_FILE
-
-    def append(self, rows: Sequence[CheckResult]) -> None:
-        """Append rows durably (one JSON object per line, flushed and fsynced)."""
-        if self._rows is None:
-            self._rows = self.rows_file.open("a", encoding="utf-8")
-        self._rows.write("".join(json.dumps(r.as_dict()) + "\n" for r in rows))
-        self._rows.flush()
-        os.fsync(self._rows.fileno())
-
-    def close(self) -> None:
-        if self._rows is not None:
-            self._rows.close()
-            self._rows = None
-
-    def finish(
-        self,
-        rows: Sequence[CheckResult],
-        *,
-        environment: str | None = None,
-        interrupted: bool = False,
-        run_info: RunInfo | None = None,
-        extras: ReportExtras | None = None,
-    ) -> Report:
-        """Render the report from ``rows`` in the reserved directory and place it."""
-        self.close()
-        return write_report(
-            rows, self.out_root, self.run_id, environment=environment,
-            build_dir=self.partial_dir, interrupted=interrupted, run_info=run_info,
-            extras=extras,
-        )
-
-
-def start_run(out_root: Path, run_id: str | None, new_id: Callable[[], str],
-              partial_name: Callable[[str], str] = lambda run_id: f"{run_id}{PARTIAL_SUFFIX}"
-              ) -> PendingRun:
-    """Check ``out_root`` and the run id, and reserve the run's directory
-    (``partial_name(run_id)``) before any node is asked."""
-    try:
-        out_root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RunDirError(f"cannot create the output directory {out_root}: {exc}") from exc
-    if not out_root.is_dir():
-        raise RunDirError(f"output directory {out_root} is not a directory")
-    for _ in range(20):
-        candidate = check_run_id(run_id if run_id is not None else new_id())
-        partial = out_root / partial_name(candidate)
-        try:
-            partial.mkdir()
-        except FileExistsError:
-            if run_id is not None:
-                raise RunDirError(
-                    f"run id {candidate!r} is in use: {partial} exists (another run in "
-                    "progress, or the rows of one that was killed)"
-                ) from None
-            continue
-        except OSError as exc:
-            raise RunDirError(f"cannot write in the output directory {out_root}: {exc}") from exc
-        # Only a renamed .partial directory creates <id>, so after our mkdir succeeded <id>
-        # either existed before (a finished run: never reuse it) or never will by anyone else.
-        if (out_root / candidate).exists() or (out_root / candidate).is_symlink():
-            partial.rmdir()
-            if run_id is not None:
-                raise RunDirError(
-                    f"run directory {out_root / candidate} exists; run ids are never reused"
-                )
-            continue
-        try:
-            probe = partial / ".write-test"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                partial.rmdir()
-            raise RunDirError(f"cannot write in the output directory {out_root}: {exc}") from exc
-        return PendingRun(out_root, candidate, partial)
-    raise RunDirError(f"could not reserve a fresh run id under {out_root}")
-
-
-def to_frame(rows: Sequence[CheckResult]) -> pd.DataFrame:
-    """The long results as a DataFrame with ``status`` as an ordered categorical."""
-    # attrgetter + zip transposes in C: a per-column getattr loop is 3x slower at 400k rows.
-    columns = (
-        list(zip(*map(attrgetter(*COLUMNS), rows), strict=True)) if rows else [() for _ in COLUMNS]
-    )
-    data = dict(zip(COLUMNS, columns, strict=True))
-    data["status"] = tuple(s.value for s in data["status"])
-    return _typed(pd.DataFrame(data, columns=list(COLUMNS)))
-
-
-def results_table(df: pd.DataFrame) -> pa.Table:
-    """The long results (:func:`to_frame`) as the Arrow table both result files are written
-    from, with :data:`RESULTS_SCHEMA` whatever the rows."""
-    return pa.Table.from_pandas(df.assign(status=df["status"].astype(str)),
-                                schema=RESULTS_SCHEMA, preserve_index=False)
-
-
-def _typed(df: pd.DataFrame) -> pd.DataFrame:
-    for col in _FLOAT_COLUMNS:
-        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-    for col in ("node", "pool", "profile", "check", "metric", "unit", "code", "detail"):
-        df[col] = df[col].fillna("").astype(str)
-    df["status"] = df["status"].astype(str).astype(_STATUS_DTYPE)
-    return df
-
-
-class ResultsError(ValueError):
-    """A results file the report cannot be built from: a column is missing or a status is not
-    one of the table's (the message names the file, and the row)."""
-
-
-def _checked(df: pd.DataFrame, source: Path, first_line: int) -> pd.DataFrame:
-    """``df`` when it has every column and every status is known; ``first_line`` is the line
-    of the first row in ``source`` (0 for a file without lines, where rows are counted)."""
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise ResultsError(
-            f"{source}: no column {', '.join(repr(c) for c in missing)} (a results file has "
-            f"the columns {', '.join(COLUMNS)}): it was not written by `validate run`, or it "
-            "was cut or edited")
-    statuses = df["status"]
-    bad = ~statuses.astype(str).isin(_STATUS_ORDER) | statuses.isna()
-    if bad.any():
-        at = int(bad.to_numpy().nonzero()[0][0])
-        row = df.iloc[at]
-        where = f"line {first_line + at}" if first_line else f"row {at + 1}"
-        raise ResultsError(
-            f"{source}: {where} (node {row['node']!s}, check {row['check']!s}): status "
-            f"{row['status']!r} is not a status (one of {', '.join(_STATUS_ORDER)})"
-            + (f"; {int(bad.sum()) - 1} more rows like it" if bad.sum() > 1 else ""))
-    return df
-
-
-def load_results(run_dir: Path) -> pd.DataFrame:
-    """Read back ``results.parquet`` (or ``results.csv``, or the ``rows.jsonl`` a killed run
-    left in its ``.partial`` directory) of a run directory. ResultsError names a missing
-    column or a bad status and the file."""
-    parquet = run_dir / "results.parquet"
-    if parquet.exists():
-        return _typed(_checked(pd.read_parquet(parquet), parquet, 0))
-    jsonl = run_dir / ROWS_FILE
-    if jsonl.exists() and not (run_dir / "results.csv").exists():
-        records = []
-        for line in jsonl.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # the line being written when the validator was killed
-        return _typed(_checked(pd.DataFrame.from_records(records, columns=list(COLUMNS)),
-                               jsonl, 0))
-    csv = run_dir / "results.csv"
-    return _typed(_checked(
-        pd.read_csv(
-            csv,
-            keep_default_na=False,
-            na_values={"value": [""], "warn": [""], "fail": [""]},
-        ),
-        csv, 2,
-    ))
-
-
-def node_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per node (schema in the module docstring), worst first."""
-    sev = df["status"].cat.codes
-    base = df.assign(_sev=sev)
-    per_node = base.groupby("node", sort=True, observed=True).agg(
-        pool=("pool", "first"),
-        profile=("profile", "first"),
-        _sev=("_sev", "max"),
-        rows=("check", "size"),
-    )
-    per_node["status"] = pd.Categorical.from_codes(per_node["_sev"].to_numpy(), dtype=_STATUS_DTYPE)
-    for label, statuses in (
-        ("failed_checks", ["fail"]),
-        ("error_checks", ["error"]),
-        ("warn_checks", ["warn"]),
-    ):
-        hit = base.loc[base["status"].isin(statuses), ["node", "check"]].drop_duplicates()
-        joined = hit.groupby("node", observed=True)["check"].agg(lambda s: " ".join(sorted(s)))
-        per_node[label] = joined.reindex(per_node.index).fillna("")
-    figures = figure_values(df)
-    if not figures.empty:
-        wide = figures.pivot_table(index="node", columns="figure", values="value", aggfunc="first")
-        per_node = per_node.join(wide)
-    for col in KEY_FIGURES.values():
-        if col not in per_node.columns:
-            per_node[col] = np.nan
-    out = per_node.drop(columns="_sev").reset_index()
-    out = out.assign(_sev=per_node["_sev"].to_numpy())
-    out = out.sort_values(["_sev", "node"], ascending=[False, True]).drop(columns="_sev")
-    cols = [
-        "node",
-        "pool",
-        "profile",
-        "status",
-        "failed_checks",
-        "error_checks",
-        "warn_checks",
-        "rows",
-        *KEY_FIGURES.values(),
-    ]
-    return out[cols].reset_index(drop=True)
-
-
-def figure_values(df: pd.DataFrame) -> pd.DataFrame:
-    """Long table ``node, pool, figure, value, fail`` of the key figures present."""
-    keys = pd.Series(
-        list(KEY_FIGURES.values()),
-        index=pd.MultiIndex.from_tuples(list(KEY_FIGURES), names=["check", "metric"]),
-    )
-    sub = df.loc[
-        df["check"].isin({c for c, _ in KEY_FIGURES}) & df["value"].notna(),
-        ["node", "pool", "check", "metric", "value", "fail"],
-    ]
-    if sub.empty:
-        return pd.DataFrame(columns=["node", "pool", "figure", "value", "fail"])
-    idx = pd.MultiIndex.from_frame(sub[["check", "metric"]])
-    sub = sub.assign(figure=keys.reindex(idx).to_numpy()).dropna(subset=["figure"])
-    return sub[["node", "pool", "figure", "value", "fail"]].reset_index(drop=True)
-
-
-def fleet_view(df: pd.DataFrame, fraction: float = OUTLIER_FRACTION) -> pd.DataFrame:
-    """Each key figure against its pool's median; ``outlier`` below (1-fraction) x median."""
-    fig = figure_values(df)
-    if fig.empty:
-        return pd.DataFrame(
-            columns=["node", "pool", "figure", "value", "pool_median", "ratio", "outlier"]
-        )
-    median = fig.groupby(["pool", "figure"])["value"].transform("median")
-    out = fig.drop(columns="fail").assign(pool_median=median)
-    out["ratio"] = (out["value"] / out["pool_median"].replace(0, np.nan)).round(4)
-    out["outlier"] = out["ratio"] < (1 - fraction)
-    return out.sort_values(["outlier", "ratio"], ascending=[False, True]).reset_index(drop=True)
 
 
 def _escaped(s: pd.Series, escape: Callable[[str], str]) -> list[str]:
@@ -583,6 +277,24 @@ def summary_markdown(
     return "\n".join(lines)
 
 
+def finish_run(
+    pending: PendingRun,
+    rows: Sequence[CheckResult],
+    *,
+    environment: str | None = None,
+    interrupted: bool = False,
+    run_info: RunInfo | None = None,
+    extras: ReportExtras | None = None,
+) -> Report:
+    """Render the report from ``rows`` in ``pending``'s reserved directory and place it."""
+    pending.close()
+    return write_report(
+        rows, pending.out_root, pending.run_id, environment=environment,
+        build_dir=pending.partial_dir, interrupted=interrupted, run_info=run_info,
+        extras=extras,
+    )
+
+
 def write_report(
     results: Sequence[CheckResult] | pd.DataFrame,
     out_root: Path,
@@ -634,6 +346,10 @@ def write_report(
     if extras.markdown:
         md = md.rstrip("\n") + "\n\n" + extras.markdown
     (target / "summary.md").write_text(md)
+    # The page draws its plots with matplotlib: loaded when a report is rendered, not by every
+    # command that imports this module (`validate gate --help` stays light).
+    from validate.report_page import html_page  # noqa: PLC0415
+
     page = html_page(df, nodes, fleet, run_id, code, environment=env, info=info,
                      outlier_fraction=OUTLIER_FRACTION, interrupted=interrupted,
                      extra_html=extras.html)
@@ -648,17 +364,6 @@ def write_report(
     if update_latest and not interrupted and final.parent == out_root:
         point_link(out_root / LATEST, final.name)
     return Report(final, nodes, fleet, code, interrupted)
-
-
-def point_link(link: Path, target: str) -> None:
-    """Point the symlink ``link`` at ``target`` in one step: a temporary link renamed over it.
-
-    A reader never finds ``link`` missing or half-made, and writers at the same moment (other
-    processes, or threads of one process) never share the temporary name.
-    """
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    tmp.symlink_to(target)
-    os.replace(tmp, link)
 
 
 def _place(built: Path, final: Path) -> None:

@@ -37,7 +37,7 @@ from validate.runinfo import RunInfo
 
 ASSETS = Path(__file__).resolve().parent / "report_assets"
 PAGE_SIZE = 100
-# Key figures (report.KEY_FIGURES' column names) as the table heads them, with their units.
+# Key figures (results.KEY_FIGURES' column names) as the table heads them, with their units.
 FIGURE_LABELS: dict[str, str] = {
     "nccl_busbw_gbps": "NCCL busbw (GB/s)",
     "fio_seq_read_mibps": "fio seq read (MiB/s)",

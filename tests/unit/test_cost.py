@@ -12,7 +12,8 @@ from validate import cost, history, runinfo
 from validate.cli import main
 from validate.drift import report as drift_report
 from validate.model import CheckResult, ExitCode, Status
-from validate.report import to_frame, write_report
+from validate.report import write_report
+from validate.results import to_frame
 
 T0 = pd.Timestamp("2026-03-01T00:00:00+00:00")
 

@@ -15,7 +15,7 @@ from validate.drift import report
 from validate.drift.model import Finding, FindingStatus, Layer, exit_code, merged
 from validate.history import run_files
 from validate.model import CheckResult, ExitCode, Status
-from validate.report import RunDirError
+from validate.results import RunDirError
 
 D, S, U, E, X = (FindingStatus.DRIFT, FindingStatus.SKIPPED, FindingStatus.UNAVAILABLE,
                  FindingStatus.ERROR, FindingStatus.UNREACHABLE)

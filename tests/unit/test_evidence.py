@@ -13,7 +13,7 @@ import pytest
 from tests.unit import gate_runs
 from validate.evidence import node_evidence, required_checks
 from validate.inventory import load
-from validate.report import to_frame
+from validate.results import to_frame
 
 MEASURED = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 DAY = 24 * 3600.0

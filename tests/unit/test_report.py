@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from validate.model import CheckResult, ExitCode, Status
-from validate.report import ResultsError, load_results, start_run, write_report
+from validate.report import finish_run, write_report
+from validate.results import ResultsError, load_results, start_run
 
 
 def _r(node: str, check: str, metric: str, status: Status, value: float | None = None,
@@ -110,14 +111,14 @@ def test_latest_only_ever_points_at_a_whole_run(rows: list[CheckResult], tmp_pat
     done = start_run(tmp_path, "r-complete", lambda: "unused")
     assert done.partial_dir == tmp_path / "r-complete.partial" and done.partial_dir.is_dir()
     done.append(rows[:2])
-    report = done.finish(rows)
+    report = finish_run(done, rows)
     assert report.run_dir == tmp_path / "r-complete" and not report.interrupted
     assert not done.partial_dir.exists() and not (report.run_dir / "rows.jsonl").exists()
     assert (tmp_path / "latest").resolve() == report.run_dir.resolve()
     # An interrupted run is placed (marked) but latest stays on the last whole run.
     cut = [*rows[:3], replace(rows[3], status=Status.ERROR, code="run.interrupted",
                               detail="not started: run interrupted (SIGINT)")]
-    stopped = start_run(tmp_path, "r-stopped", lambda: "unused").finish(cut, interrupted=True)
+    stopped = finish_run(start_run(tmp_path, "r-stopped", lambda: "unused"), cut, interrupted=True)
     assert stopped.interrupted and stopped.run_dir == tmp_path / "r-stopped"
     summary = (stopped.run_dir / "summary.md").read_text().splitlines()
     assert summary[0] == "# gpuready validation run r-stopped"

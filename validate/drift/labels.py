@@ -65,7 +65,7 @@ from validate.labels import (
     plan_node,
 )
 from validate.profiles import ProfileError
-from validate.report import LATEST, PARTIAL_SUFFIX, ResultsError
+from validate.results import LATEST, PARTIAL_SUFFIX, ResultsError
 
 ITEM = "labels and taints"
 SOURCE = "gate decision vs Node (API server)"

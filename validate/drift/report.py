@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 
 from validate.drift.model import COLUMNS, Finding, FindingStatus
 from validate.model import CheckResult, ExitCode
-from validate.report import point_link, results_table, start_run, to_frame
+from validate.results import point_link, results_table, start_run, to_frame
 from validate.runinfo import RunInfo, write_run_info
 
 TABLE = "drift.parquet"
