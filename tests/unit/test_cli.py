@@ -317,3 +317,17 @@ def test_run_whose_readers_went_away_still_reports_with_its_own_exit_code(tmp_pa
     assert proc.returncode == ExitCode.UNREACHABLE
     rows = pd.read_csv(tmp_path / "reports" / "piped" / "results.csv")
     assert set(rows["code"]) == {"host.unreachable"}
+
+
+
+def test_commands_that_read_runs_do_not_load_the_plotting_library() -> None:
+    """The run store (validate.results) is apart from the page that plots (issue 30)."""
+    code = ("import contextlib, io, sys\nfrom validate.cli import main\n"
+            "for command in ('gate', 'history', 'cost', 'drift'):\n"
+            "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "        main([command, '--help'])\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
