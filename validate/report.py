@@ -48,10 +48,10 @@ from validate.model import (
     exit_code_for,
 )
 from validate.results import (
-    _STATUS_ORDER,
     LATEST,
     OUTLIER_FRACTION,
     ROWS_FILE,
+    STATUS_ORDER,
     PendingRun,
     ReportExtras,
     fleet_view,
@@ -207,7 +207,7 @@ def summary_markdown(
         "",
         *([f"**Environment: {environment}**", ""] if environment else []),
         f"Exit code: {int(code)} ({code.name}: {EXIT_MEANING[code]}). Nodes: {len(nodes)}; "
-        + ", ".join(f"{s} {int(counts.get(s, 0))}" for s in reversed(_STATUS_ORDER)),
+        + ", ".join(f"{s} {int(counts.get(s, 0))}" for s in reversed(STATUS_ORDER)),
         "",
     ]
     if run_info is not None:

@@ -48,8 +48,8 @@ KEY_FIGURES: dict[tuple[str, str], str] = {
     ("storage.checkpoint", "write_gbps"): "checkpoint_write_gbps",
     ("storage.checkpoint", "read_gbps"): "checkpoint_read_gbps",
 }
-_STATUS_ORDER = [s.value for s in sorted(SEVERITY, key=SEVERITY.__getitem__)]
-_STATUS_DTYPE = pd.CategoricalDtype(_STATUS_ORDER, ordered=True)
+STATUS_ORDER = [s.value for s in sorted(SEVERITY, key=SEVERITY.__getitem__)]
+_STATUS_DTYPE = pd.CategoricalDtype(STATUS_ORDER, ordered=True)
 
 
 @dataclass(frozen=True)
@@ -214,14 +214,14 @@ def _checked(df: pd.DataFrame, source: Path, first_line: int) -> pd.DataFrame:
             f"the columns {', '.join(COLUMNS)}): it was not written by `validate run`, or it "
             "was cut or edited")
     statuses = df["status"]
-    bad = ~statuses.astype(str).isin(_STATUS_ORDER) | statuses.isna()
+    bad = ~statuses.astype(str).isin(STATUS_ORDER) | statuses.isna()
     if bad.any():
         at = int(bad.to_numpy().nonzero()[0][0])
         row = df.iloc[at]
         where = f"line {first_line + at}" if first_line else f"row {at + 1}"
         raise ResultsError(
             f"{source}: {where} (node {row['node']!s}, check {row['check']!s}): status "
-            f"{row['status']!r} is not a status (one of {', '.join(_STATUS_ORDER)})"
+            f"{row['status']!r} is not a status (one of {', '.join(STATUS_ORDER)})"
             + (f"; {int(bad.sum()) - 1} more rows like it" if bad.sum() > 1 else ""))
     return df
 
