@@ -220,7 +220,9 @@ def _snapshot(lab: DriftLab) -> dict[str, str]:
     for name in HOSTS:
         proc = ssh(lab.address(name), SNAPSHOT, timeout=120)
         assert proc.returncode == 0, proc.stderr
-        out[name] = proc.stdout
+        # systemctl pads its columns to the widest value of the moment: one unit passing through
+        # "activating" while either snapshot is taken widens every line of the other.
+        out[name] = "\n".join(" ".join(line.split()) for line in proc.stdout.splitlines())
     return out
 
 
