@@ -43,13 +43,15 @@ setup: $(STAMP_PY) $(STAMP_DEBS) ## .venv, pinned Python deps, the lab's Debian 
 	  sysctl -qw fs.inotify.max_user_instances=$$want || echo "setup: could not raise it; lab up will say which fleets fit"; \
 	fi
 
-$(STAMP_PY): requirements.txt
+$(STAMP_PY): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# uv installs the pinned requirements (docs/dependencies.md): on the 2-core machine 2-7 s
 	@# (its cache warm or cold) against 45-57 s for pip with its cache warm. uv itself is pinned
-	@# and comes from PyPI through the venv's pip.
+	@# and comes from PyPI through the venv's pip. Then the project itself, editable and without
+	@# dependencies (requirements.txt pins them): validate, lab and tools import from anywhere.
 	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 	$(VENV)/bin/uv pip install -q --python $(PY) -r requirements.txt
+	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
 	touch $@
 
 $(STAMP_DEBS): Makefile
@@ -117,7 +119,7 @@ demo: setup ## the whole pipeline on the lab, ending with a pointer to the repor
 	$(PY) -m lab.demo
 
 bench: setup ## benchmarks (bench/*.py), ratios against baselines run side by side
-	for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+	for b in bench/[a-z]*.py; do echo "== $$b"; b=$${b%.py}; $(PY) -m $${b//\//.}; done
 
 docs: $(STAMP_PY) ## regenerate docs/roles.md from the roles' meta/argument_specs.yml
 	$(PY) -m tools.role_reference

@@ -1,6 +1,6 @@
 """No-op converge of the lab: the project's ansible.cfg against Ansible's defaults, side by side.
 
-    python bench/converge.py [--nodes 8] [--rounds 1] [--top 15] [--layout-of REV]
+    python -m bench.converge [--nodes 8] [--rounds 1] [--top 15] [--layout-of REV]
 
 Boots an N-host lab (root; honours the GPUREADY_LAB_* variables like `python -m lab`),
 converges it once with playbooks/bootstrap.yml, then times the second, no-op converge with
@@ -46,9 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ansible_runner
-
-# `make bench` runs bench/*.py as scripts: put the repository root on the path for `lab`.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lab import core
 from lab.paths import REPO_ROOT, LabPaths

@@ -1,8 +1,8 @@
 """Drift and history benchmarks (issue 10).
 
-    python bench/drift.py history [--runs 365] [--nodes 1000] [--checks 40]
-    python bench/drift.py lab [--nodes 8]
-    python bench/drift.py              (both)
+    python -m bench.drift history [--runs 365] [--nodes 1000] [--checks 40]
+    python -m bench.drift lab [--nodes 8]
+    python -m bench.drift              (both)
 
 history: a synthetic reports root of RUNS run directories, each with a results.parquet of
 NODES x CHECKS rows in the validators' schema (written with pyarrow the way write_report
@@ -39,10 +39,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from validate.model import COLUMNS
 
-from validate.model import COLUMNS  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 # Figures a drift run judges, then other real (check, metric) shapes, padded to CHECKS.
 FIGURE_SHAPES = [

@@ -1,7 +1,7 @@
 """Multi-node fabric validation of N lab hosts with two faulty ones: suspect/confirm against
 testing every pair, side by side.
 
-    python bench/fabric.py [--nodes 16] [--rounds 1]
+    python -m bench.fabric [--nodes 16] [--rounds 1]
 
 1. suspect/confirm: `validate.fabric.run_fabric` (pass 1: disjoint pairs; pass 2: each suspect
    with a node that passed), about n/2 + 2 per faulty node pair runs;
@@ -26,9 +26,6 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lab import core
 from lab.paths import LabPaths

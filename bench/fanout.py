@@ -1,6 +1,6 @@
 """The same GPU health sweep over N lab hosts three ways, side by side.
 
-    python bench/fanout.py [--nodes 16] [--rounds 3]
+    python -m bench.fanout [--nodes 16] [--rounds 3]
 
 1. this suite: `validate.runner.run` with the gpu.* checks (paramiko, one connection per host,
    each tool once per node), parse and evaluate;
@@ -33,8 +33,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lab import core
 from lab.paths import REPO_ROOT, LabPaths

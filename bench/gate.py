@@ -3,7 +3,7 @@ stand-in over HTTPS with the official client: wall time and API calls per node, 
 baseline run side by side (what a script of per-node `kubectl label --overwrite` does: read
 each Node, patch each Node).
 
-    .venv/bin/python bench/gate.py [--nodes 1000] [--changed 10] [--rounds 3]
+    .venv/bin/python -m bench.gate [--nodes 1000] [--changed 10] [--rounds 3]
 
 The Nodes are stored as a kubelet and the GPU Operator leave them (status, GFD labels), the
 99% already carrying what the gate wants; the 1% just joined (tainted, unlabelled). Each round
@@ -26,16 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-# The checkout is run in place, not installed: its path goes first.
-from lab.apiserver.store import Store  # noqa: E402
-from lab.hardware import render_host  # noqa: E402
-from lab.sim.daemons import gfd_labels, node_status  # noqa: E402
-from tests.apiserver_helpers import core_api, running_standin  # noqa: E402
-from validate.gate import KubeNodeApi, reconcile  # noqa: E402
-from validate.labels import (  # noqa: E402
+from lab.apiserver.store import Store
+from lab.hardware import render_host
+from lab.sim.daemons import gfd_labels, node_status
+from tests.apiserver_helpers import core_api, running_standin
+from validate.gate import KubeNodeApi, reconcile
+from validate.labels import (
     Desired,
     GatePolicy,
     NodeEvidence,
@@ -43,7 +39,9 @@ from validate.labels import (  # noqa: E402
     NodeResults,
     decide,
 )
-from validate.model import Status  # noqa: E402
+from validate.model import Status
+
+REPO = Path(__file__).resolve().parent.parent
 
 PREFIX = "gpu.example.com.node-restriction.kubernetes.io"
 RUN = "20261202T101500Z"

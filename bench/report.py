@@ -3,7 +3,7 @@
 Rows go through the real path: CheckResult records -> to_frame -> write_report (every file,
 plots included). Each size runs in a fresh subprocess so peak RSS is that size's own.
 
-    .venv/bin/python bench/report.py [--sizes 1000 10000] [--checks 40] [--browser]
+    .venv/bin/python -m bench.report [--sizes 1000 10000] [--checks 40] [--browser]
 
 Goals (issue 4): 10,000 nodes under 15 s and 2 GiB; 10k time under 12x the 1k time.
 The report's CPU time is printed beside its wall time: on a shared machine the wall time swings
@@ -25,13 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from validate.model import CheckResult, Status
+from validate.report import write_report
+from validate.results import to_frame
 
-# The checkout is run in place, not installed: its path goes first.
-from validate.model import CheckResult, Status  # noqa: E402
-from validate.report import write_report  # noqa: E402
-from validate.results import to_frame  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 # Real (check, metric, unit) shapes, padded with per-GPU ECC rows to reach 40 per node.
 BASE = [

@@ -1,7 +1,7 @@
 """`validate run` with the gpu.* checks over 16, 100, 300 and 1,000 scale harness endpoints,
 beside the same commands through OpenSSH (`xargs -P`), side by side.
 
-    python bench/scale.py [--sizes 16,100,300,1000] [--concurrency 64] [--timeout 10]
+    python -m bench.scale [--sizes 16,100,300,1000] [--concurrency 64] [--timeout 10]
                           [--failure-rate 0.02] [--no-baseline]
 
 For each size a fresh harness (`python -m lab.scale serve`, SIMULATED endpoints on this
@@ -34,8 +34,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lab.paths import REPO_ROOT
 from lab.scale.inventory import read_plan
