@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,10 @@ class Node:
     # Filled from ``vars`` when not given (a Node built by hand, as tests do); a bad value
     # there raises InventoryError naming the host and the variable.
     desired: DesiredState = field(default=None)  # type: ignore[assignment]
+    # The profile it is judged against, its inventory overrides applied: :func:`load` resolves
+    # it once per distinct (profile, overrides) and every reader takes it from here
+    # (:func:`profile_for`). None on a Node built by hand until profile_for loads it.
+    loaded_profile: Profile | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.desired is None:
@@ -256,7 +260,9 @@ def _names(hosts: list[str]) -> str:
 
 def profile_for(node: Node) -> Profile:
     """The node's profile with its inventory overrides, as its checks judge against it (and as
-    run.json records it). Raises ProfileError."""
+    run.json records it): the one :func:`load` resolved, else loaded now. Raises ProfileError."""
+    if node.loaded_profile is not None:
+        return node.loaded_profile
     return load_profile(
         node.profile,
         node.desired.thresholds,
@@ -265,24 +271,30 @@ def profile_for(node: Node) -> Profile:
     )
 
 
-def _check_profiles(nodes: list[Node], problems: _Problems, origin: Callable[[str, str], str]
-                    ) -> None:
-    """Load each distinct (profile, overrides) once, before any connection: a profile that does
-    not exist or thresholds that do not apply are the inventory's error, each problem named
-    with the variable (gpu_profile, gpu_thresholds or gpuready_drive_class) and where it was
-    set."""
-    seen: dict[str, list[tuple[str, str]]] = {}
+def _resolve_profiles(nodes: list[Node], problems: _Problems,
+                      origin: Callable[[str, str], str]) -> list[Node]:
+    """Each node with its profile resolved, each distinct (profile, overrides) loaded once,
+    before any connection. A profile that does not exist or thresholds that do not apply are
+    the inventory's error, each problem named with the variable (gpu_profile, gpu_thresholds or
+    gpuready_drive_class) and where it was set."""
+    seen: dict[str, Profile | list[tuple[str, str]]] = {}
+    out = []
     for node in nodes:
         key = json.dumps([node.profile, dict(node.desired.profile_overrides)], sort_keys=True,
                          default=repr)
         if key not in seen:
             try:
-                profile_for(node)
-                seen[key] = []
+                seen[key] = profile_for(node)
             except ProfileError as exc:
                 seen[key] = _profile_problems(exc)
-        for var, reason in seen[key]:
+        got = seen[key]
+        if isinstance(got, Profile):
+            out.append(replace(node, loaded_profile=got))
+            continue
+        out.append(node)
+        for var, reason in got:
             problems.add(origin(node.name, var), var, f"is not usable: {reason}", node.name)
+    return out
 
 
 def _profile_problems(exc: ProfileError) -> list[tuple[str, str]]:
@@ -384,7 +396,7 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
             )
         )
     problems.raise_if_any()
-    _check_profiles(nodes, problems, origin)
+    nodes = _resolve_profiles(nodes, problems, origin)
     problems.raise_if_any()
     return tuple(sorted(nodes, key=lambda n: n.name))
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import queue
 import secrets
@@ -288,28 +287,6 @@ class _Running:
             LOG.exception("aborting %s failed", self.node.name)
 
 
-class _Profiles:
-    """Profiles loaded once per distinct (profile, overrides): parsing the YAML costs ~50 ms,
-    and 64 workers doing it at once held the supervisor's thread starts for seconds."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loaded: dict[tuple[str, str], Profile] = {}
-
-    def get(self, node: Node) -> Profile | None:
-        """The node's profile, or None to let run_node report the error (named per node)."""
-        overrides = json.dumps(dict(node.desired.profile_overrides), sort_keys=True,
-                               default=repr)
-        key = (node.profile, overrides)
-        with self._lock:
-            if key not in self._loaded:
-                try:
-                    self._loaded[key] = profile_for(node)
-                except ProfileError:
-                    return None
-            return self._loaded[key]
-
-
 @dataclass
 class _Supervisor:
     nodes: Sequence[Node]
@@ -328,7 +305,6 @@ class _Supervisor:
     finished: queue.SimpleQueue[tuple[str, list[CheckResult], float]] = field(
         default_factory=queue.SimpleQueue
     )
-    profiles: _Profiles = field(default_factory=_Profiles)
 
     def finish(self, node: Node, rows: list[CheckResult], took: float, notify: bool) -> None:
         self.results[node.name] = rows
@@ -361,7 +337,7 @@ class _Supervisor:
         start = time.monotonic()
         try:
             rows = run_node(node, self.checks, self.run_id, transport, self.default_timeout_s,
-                            self.profiles.get(node), self.probe_timeout_s)
+                            probe_timeout_s=self.probe_timeout_s)
         except BaseException as exc:  # run_node turns failures into rows; this is a backstop
             LOG.exception("node %s crashed", node.name)
             rows = rows_for(self.run_id, node, self.checks, CODE_INTERNAL,

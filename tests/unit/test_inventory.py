@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from validate.inventory import InventoryError, load
+from validate.inventory import InventoryError, load, profile_for
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:
@@ -84,6 +84,30 @@ def test_pools_profiles_and_merge_order(inv: Path) -> None:
     assert h1.vars["gpu_thresholds"] == {"nccl": {"allreduce_busbw_gbps": {"warn": 470}}}
     assert (h1.user, h2.user) == ("root", "admin")
 
+
+
+def test_each_node_carries_its_resolved_profile(inv: Path, tmp_path: Path) -> None:
+    """load() resolves each distinct (profile, overrides) once and hands it to its nodes;
+    the overrides of each node are applied to its own profile only."""
+    nodes = {n.name: n for n in load(inv)}
+    h1, h2, l1 = nodes["gpu-h100-01"], nodes["gpu-h100-02"], nodes["gpu-l40s-01"]
+    assert h1.loaded_profile is not None and l1.loaded_profile is not None
+    assert (h1.loaded_profile.name, l1.loaded_profile.name) == (
+        "h100-sxm5-80gb-8x", "l40s-pcie-48gb-4x")
+    busbw = "allreduce_busbw_gbps"
+    assert h1.loaded_profile.thresholds["nccl"][busbw]["warn"] == 470
+    assert h2.loaded_profile is not None
+    assert h2.loaded_profile.thresholds["nccl"][busbw]["fail"] == 100
+    assert h1.loaded_profile.thresholds["nccl"][busbw]["fail"] != 100
+    # Two nodes with the same profile and overrides share one loaded profile.
+    twins = load(_write(tmp_path / "twins", {
+        "hosts.yml": "all:\n  children:\n    gpu_nodes:\n      children:\n        pool_l:\n"
+                     "          hosts:\n            a: {}\n            b: {}\n",
+        "group_vars/pool_l.yml": "gpu_profile: l40s-pcie-48gb-4x\n",
+    }))
+    assert twins[0].loaded_profile is twins[1].loaded_profile is not None
+    # profile_for hands out that object; a load would make a new one.
+    assert profile_for(h2) is h2.loaded_profile
 
 def test_connection_settings(inv: Path) -> None:
     nodes = {n.name: n for n in load(inv)}
