@@ -80,6 +80,7 @@ import socket
 import sys
 import time
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,7 @@ def _load_hw() -> tuple[dict[str, Any], set[str]]:
     return hw, faults
 
 
+
 def _parsesize(value: str) -> int:
     # Same as nccl-tests parsesize(): the unit letter may sit anywhere; atof on the rest.
     units = 1
@@ -180,6 +182,41 @@ def _parsesize(value: str) -> int:
     except ValueError:
         return 0
 
+
+
+def _int(arg: str) -> int:
+    """An integer option as the tool's strtol(arg, NULL, 0) reads it (0x.., 0..)."""
+    return int(arg, 0)
+
+
+def _text(arg: str) -> str:
+    return arg
+
+
+# Each option the tool takes a value for (short and long name) -> the setting and its reader.
+_OPTION_SETTINGS: dict[str, tuple[str, Callable[[str], object]]] = {
+    name: setting
+    for names, setting in (
+        (("t", "nthreads"), ("n_threads", _int)),
+        (("g", "ngpus"), ("n_gpus", _int)),
+        (("b", "minbytes"), ("min_bytes", _parsesize)),
+        (("e", "maxbytes"), ("max_bytes", _parsesize)),
+        (("i", "stepbytes"), ("step_bytes", _parsesize)),
+        (("f", "stepfactor"), ("step_factor", _int)),
+        (("n", "iters"), ("iters", _int)),
+        (("m", "agg_iters"), ("agg_iters", _int)),
+        (("w", "warmup_iters"), ("warmup", _int)),
+        (("c", "check"), ("datacheck", _int)),
+        (("p", "parallel_init"), ("parallel_init", _int)),
+        (("z", "blocking"), ("blocking", _int)),
+        (("G", "cudagraph"), ("graph", _int)),
+        (("o", "op"), ("op", _text)),
+        (("d", "datatype"), ("dtype", _text)),
+        (("r", "root"), ("root", _int)),
+        (("J", "output_file"), ("output_file", _text)),
+    )
+    for name in names
+}
 
 def _pid_alive(pid_file: Path) -> bool:
     try:
@@ -286,43 +323,13 @@ class Sim:
             raise UsageExit(0) from err
         for opt, arg in opts:
             key = opt.lstrip("-")
-            if key in ("t", "nthreads"):
-                self.n_threads = int(arg, 0)
-            elif key in ("g", "ngpus"):
-                self.n_gpus = int(arg, 0)
-            elif key in ("b", "minbytes"):
-                self.min_bytes = _parsesize(arg)
-            elif key in ("e", "maxbytes"):
-                self.max_bytes = _parsesize(arg)
-            elif key in ("i", "stepbytes"):
-                self.step_bytes = _parsesize(arg)
-            elif key in ("f", "stepfactor"):
-                self.step_factor = int(arg, 0)
-            elif key in ("n", "iters"):
-                self.iters = int(arg, 0)
-            elif key in ("m", "agg_iters"):
-                self.agg_iters = int(arg, 0)
-            elif key in ("w", "warmup_iters"):
-                self.warmup = int(arg, 0)
-            elif key in ("c", "check"):
-                self.datacheck = int(arg, 0)
-            elif key in ("p", "parallel_init"):
-                self.parallel_init = int(arg, 0)
-            elif key in ("z", "blocking"):
-                self.blocking = int(arg, 0)
-            elif key in ("G", "cudagraph"):
-                self.graph = int(arg, 0)
-            elif key in ("o", "op"):
-                self.op = arg
-            elif key in ("d", "datatype"):
-                self.dtype = arg
-            elif key in ("r", "root"):
-                self.root = int(arg, 0)
-            elif key in ("J", "output_file"):
-                self.output_file = arg
-            elif key in ("h", "help"):
+            if key in ("h", "help"):
                 self._usage()
                 raise UsageExit(0)
+            setting = _OPTION_SETTINGS.get(key)
+            if setting is not None:
+                attr, convert = setting
+                setattr(self, attr, convert(arg))
         if self.min_bytes > self.max_bytes:
             print(
                 f"invalid sizes for 'minbytes' and 'maxbytes': {self.min_bytes} > "
