@@ -34,11 +34,12 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 
@@ -177,36 +178,22 @@ def _run(opts: DriftOptions, nodes: Sequence[Node], perf: Sequence[check_registr
          say: Callable[[str], None], control: runner.RunControl,
          transport_for: Callable[[Node], Transport] | None,
          api_factory: Callable[[Path | None], gate.NodeApi]) -> DriftResult:
+    """The layers of one reserved run, then its files: check mode in a thread beside the node
+    probes, the labels from the API server, the performance figures against their history."""
     info = runinfo.start(run_id=run_id, environment=None, inventory=opts.inventory,
                          limit=opts.limit, checks_requested=opts.perf_checks or None,
                          checks=[c.id for c in perf], nodes=nodes,
                          run_kind=runinfo.DRIFT)
     pools = {n.name: n.pool for n in nodes}
-    by_name = {n.name: n for n in nodes}
     figures = [f for f in FIGURES if f[0] in {c.id for c in perf}]
     history = _baselines(opts, nodes, figures) if perf else pd.DataFrame(
         columns=BASELINE_COLUMNS)
     timings: dict[str, float] = {}
 
-    check_result: list[config.CheckModeResult] = []
-    check_error: list[BaseException] = []
-
-    def check_mode() -> None:
-        try:
-            check_result.append(config.run_check_mode(
-                opts.inventory, pools, limit=",".join(sorted(pools)),
-                timeout_s=opts.check_timeout_s, task_timeout_s=opts.check_task_timeout_s,
-                forks=opts.forks, accept_unknown_host_keys=opts.accept_unknown_host_keys,
-                cancel=lambda: control.interrupted))
-        except Exception as exc:  # the other layers still report
-            LOG.exception("check mode failed")
-            check_error.append(exc)
-
-    thread = None
     # Check mode also declares packages, holds and services for the versions/runtime layers.
+    check_mode = None
     if {Layer.CONFIGURATION, Layer.VERSIONS, Layer.RUNTIME} & set(opts.layers):
-        thread = threading.Thread(target=check_mode, name="drift-check-mode", daemon=True)
-        thread.start()
+        check_mode = _CheckModeRun.start(opts, pools, control)
         say(f"check mode: {len(nodes)} nodes")
 
     # The probes serve the versions and runtime layers and guard the performance checks; the
@@ -222,49 +209,18 @@ def _run(opts: DriftOptions, nodes: Sequence[Node], perf: Sequence[check_registr
     findings: list[Finding] = []
     rows: list[CheckResult] = []
     for node in nodes:
-        outcome = outcomes[node.name]
-        findings += outcome.findings
-        rows += outcome.rows
-
-    if thread is not None:
-        while thread.is_alive():  # a signal handler runs between the joins
-            thread.join(_TICK_S)
-        if check_error:
-            findings += [Finding(n.name, n.pool, Layer.CONFIGURATION, config.CHECK_MODE_ITEM,
-                                 "run on the node", "failed", FindingStatus.ERROR,
-                                 f"{type(check_error[0]).__name__}: {check_error[0]}",
-                                 "check mode") for n in nodes]
-        else:
-            result = check_result[0]
-            timings["check_mode_s"] = round(result.elapsed_s, 1)
-            say(f"check mode: {result.status} in {result.elapsed_s:.0f} s")
-            if result.left_running:
-                say(f"warning: {len(result.left_running)} ssh master(s) of check mode did not "
-                    "exit when asked")
-            for node in nodes:
-                outcome = outcomes[node.name]
-                installed = outcome.probe.packages if outcome.probe else None
-                findings += probes.package_findings(
-                    node.name, node.pool, result.package_tasks.get(node.name, []), installed)
-            findings += result.findings
-
+        findings += outcomes[node.name].findings
+        rows += outcomes[node.name].rows
+    if check_mode is not None:
+        findings += check_mode.findings(nodes, outcomes, say, timings)
     unavailable = ""
     if Layer.LABELS in opts.layers:
-        if control.interrupted:
-            unavailable = "interrupted before the labels layer"
-            findings += labels.unavailable_findings(nodes, unavailable)
-        else:
-            label_start = time.monotonic()
-            layer = labels.layer(nodes, opts.history or (opts.out,), kubeconfig=opts.kubeconfig,
-                                 api_factory=api_factory)
-            timings["labels_s"] = round(time.monotonic() - label_start, 1)
-            unavailable = layer.unavailable
-            if unavailable:
-                say(f"labels and taints: NOT COMPARED ({unavailable}); the run is incomplete "
-                    "(exit 2) unless --layers leaves the labels layer out")
-            findings += layer.findings
+        label_findings, unavailable = _labels_layer(opts, nodes, control, say, timings,
+                                                    api_factory)
+        findings += label_findings
     if perf:
-        rows, perf_findings = performance.judge(rows, by_name, history, opts.baseline)
+        rows, perf_findings = performance.judge(rows, {n.name: n for n in nodes}, history,
+                                                opts.baseline)
         findings += perf_findings
 
     findings = [f for f in merged(findings) if f.layer in opts.layers
@@ -287,13 +243,7 @@ def _run(opts: DriftOptions, nodes: Sequence[Node], perf: Sequence[check_registr
         nodes=tuple(n.name for n in nodes),
         layers=tuple(layer.value for layer in opts.layers),
         environment=environment,
-        settings={"inventory": str(opts.inventory), "limit": opts.limit,
-                  "perf_checks": opts.perf_checks, "baseline_runs": opts.baseline.k,
-                  "min_runs": opts.baseline.min_runs, "margin": opts.baseline.margin,
-                  "history": [str(h) for h in (opts.history or (opts.out,))],
-                  "timeout_s": opts.timeout_s, "node_deadline_s": opts.node_deadline_s,
-                  "check_timeout_s": opts.check_timeout_s,
-                  "check_task_timeout_s": opts.check_task_timeout_s},
+        settings=_settings_recorded(opts),
         timings=timings,
         interrupted=interrupted,
         interrupted_by=control.reason if interrupted else None,
@@ -308,6 +258,90 @@ def _run(opts: DriftOptions, nodes: Sequence[Node], perf: Sequence[check_registr
         pruned = tuple(drift_report.prune(opts.out, opts.keep_days, keep=run_id))
     return DriftResult(run_dir, run_id, table, tuple(findings), code, timings, pruned,
                        interrupted, unavailable)
+
+
+@dataclass
+class _CheckModeRun:
+    """The roles in check mode (validate.drift.config), run in a thread beside the probes."""
+
+    thread: threading.Thread
+    result: list[config.CheckModeResult]
+    error: list[BaseException]
+
+    @classmethod
+    def start(cls, opts: DriftOptions, pools: Mapping[str, str],
+              control: runner.RunControl) -> _CheckModeRun:
+        result: list[config.CheckModeResult] = []
+        error: list[BaseException] = []
+
+        def check_mode() -> None:
+            try:
+                result.append(config.run_check_mode(
+                    opts.inventory, pools, limit=",".join(sorted(pools)),
+                    timeout_s=opts.check_timeout_s, task_timeout_s=opts.check_task_timeout_s,
+                    forks=opts.forks, accept_unknown_host_keys=opts.accept_unknown_host_keys,
+                    cancel=lambda: control.interrupted))
+            except Exception as exc:  # the other layers still report
+                LOG.exception("check mode failed")
+                error.append(exc)
+
+        thread = threading.Thread(target=check_mode, name="drift-check-mode", daemon=True)
+        thread.start()
+        return cls(thread, result, error)
+
+    def findings(self, nodes: Sequence[Node], outcomes: Mapping[str, _NodeOutcome],
+                 say: Callable[[str], None], timings: dict[str, float]) -> list[Finding]:
+        """Wait for check mode; its findings, and the packages it declared against what each
+        node's probe found installed (or one error per node when check mode failed)."""
+        while self.thread.is_alive():  # a signal handler runs between the joins
+            self.thread.join(_TICK_S)
+        if self.error:
+            exc = self.error[0]
+            return [Finding(n.name, n.pool, Layer.CONFIGURATION, config.CHECK_MODE_ITEM,
+                            "run on the node", "failed", FindingStatus.ERROR,
+                            f"{type(exc).__name__}: {exc}", "check mode") for n in nodes]
+        result = self.result[0]
+        timings["check_mode_s"] = round(result.elapsed_s, 1)
+        say(f"check mode: {result.status} in {result.elapsed_s:.0f} s")
+        if result.left_running:
+            say(f"warning: {len(result.left_running)} ssh master(s) of check mode did not "
+                "exit when asked")
+        found: list[Finding] = []
+        for node in nodes:
+            probe = outcomes[node.name].probe
+            found += probes.package_findings(
+                node.name, node.pool, result.package_tasks.get(node.name, []),
+                probe.packages if probe else None)
+        return found + list(result.findings)
+
+
+def _labels_layer(opts: DriftOptions, nodes: Sequence[Node], control: runner.RunControl,
+                  say: Callable[[str], None], timings: dict[str, float],
+                  api_factory: Callable[[Path | None], gate.NodeApi]
+                  ) -> tuple[list[Finding], str]:
+    """The labels layer's findings, and why it could not compare ("" when it did)."""
+    if control.interrupted:
+        unavailable = "interrupted before the labels layer"
+        return list(labels.unavailable_findings(nodes, unavailable)), unavailable
+    label_start = time.monotonic()
+    layer = labels.layer(nodes, opts.history or (opts.out,), kubeconfig=opts.kubeconfig,
+                         api_factory=api_factory)
+    timings["labels_s"] = round(time.monotonic() - label_start, 1)
+    if layer.unavailable:
+        say(f"labels and taints: NOT COMPARED ({layer.unavailable}); the run is incomplete "
+            "(exit 2) unless --layers leaves the labels layer out")
+    return list(layer.findings), layer.unavailable
+
+
+def _settings_recorded(opts: DriftOptions) -> dict[str, Any]:
+    """The run's settings as its run.json records them."""
+    return {"inventory": str(opts.inventory), "limit": opts.limit,
+            "perf_checks": opts.perf_checks, "baseline_runs": opts.baseline.k,
+            "min_runs": opts.baseline.min_runs, "margin": opts.baseline.margin,
+            "history": [str(h) for h in (opts.history or (opts.out,))],
+            "timeout_s": opts.timeout_s, "node_deadline_s": opts.node_deadline_s,
+            "check_timeout_s": opts.check_timeout_s,
+            "check_task_timeout_s": opts.check_task_timeout_s}
 
 
 def _probe_all(nodes: Sequence[Node], opts: DriftOptions, run_id: str,
