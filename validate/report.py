@@ -211,70 +211,93 @@ def summary_markdown(
         "",
     ]
     if run_info is not None:
-        commit = (run_info.git_commit or "not a git checkout") + (
-            " (with local changes)" if run_info.git_dirty else ""
-        )
-        lines += [
-            f"Inventory {run_info.inventory}, limit {run_info.limit or 'none'}, "
-            f"{len(run_info.checks)} checks, profiles "
-            + (", ".join(sorted({p.name for p in run_info.profiles})) or "none")
-            + f". Started {run_info.started}, finished {run_info.finished or 'not recorded'}. "
-            f"gpuready {run_info.suite_version}, commit {commit}.",
-            "",
-        ]
+        lines += _run_info_lines(run_info)
+    lines += _attention_table(nodes)
+    lines += _fault_code_table(df)
+    lines += _outlier_table(fleet)
+    return "\n".join(lines)
+
+
+def _run_info_lines(run_info: RunInfo) -> list[str]:
+    """What the run was asked to do and the suite that did it."""
+    commit = (run_info.git_commit or "not a git checkout") + (
+        " (with local changes)" if run_info.git_dirty else ""
+    )
+    return [
+        f"Inventory {run_info.inventory}, limit {run_info.limit or 'none'}, "
+        f"{len(run_info.checks)} checks, profiles "
+        + (", ".join(sorted({p.name for p in run_info.profiles})) or "none")
+        + f". Started {run_info.started}, finished {run_info.finished or 'not recorded'}. "
+        f"gpuready {run_info.suite_version}, commit {commit}.",
+        "",
+    ]
+
+
+def _attention_table(nodes: pd.DataFrame) -> list[str]:
+    """The nodes that failed, errored or warned (the first 200)."""
     bad = nodes[nodes["status"].astype(str).isin(["fail", "error", "warn"])]
-    if not bad.empty:
-        lines += [
-            "## Nodes needing attention",
-            "",
-            "| node | pool | status | failed | errors | warnings |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in bad.head(200).itertuples(index=False):
-            lines.append(
-                f"| {r.node} | {r.pool} | {r.status} | {r.failed_checks} | "
-                f"{r.error_checks} | {r.warn_checks} |"
-            )
-        if len(bad) > 200:
-            lines.append(f"| ... {len(bad) - 200} more | | | | | |")
-        lines.append("")
+    if bad.empty:
+        return []
+    lines = [
+        "## Nodes needing attention",
+        "",
+        "| node | pool | status | failed | errors | warnings |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in bad.head(200).itertuples(index=False):
+        lines.append(
+            f"| {r.node} | {r.pool} | {r.status} | {r.failed_checks} | "
+            f"{r.error_checks} | {r.warn_checks} |"
+        )
+    if len(bad) > 200:
+        lines.append(f"| ... {len(bad) - 200} more | | | | | |")
+    return [*lines, ""]
+
+
+def _fault_code_table(df: pd.DataFrame) -> list[str]:
+    """Each fault code with its rows and the catalogued action (the 50 most frequent)."""
     codes = (
         df.loc[df["status"].isin(["fail", "error", "warn"])]
         .groupby(["code", "status"], observed=True)
         .size()
         .sort_values(ascending=False)
     )
-    if not codes.empty:
-        lines += [
-            "## Fault codes",
-            "",
-            "| code | status | rows | what to do (source) |",
-            "|---|---|---|---|",
-        ]
-        for (c, s), n in codes.head(50).items():
-            action = action_for(str(c))
-            todo = (
-                f"{action.action} ({action.source.title})"
-                if action
-                else "no catalogued action: read the detail"
-            )
-            lines.append(f"| {c} | {s} | {int(n)} | {todo.replace('|', '/')} |")
-        lines.append("")
+    if codes.empty:
+        return []
+    lines = [
+        "## Fault codes",
+        "",
+        "| code | status | rows | what to do (source) |",
+        "|---|---|---|---|",
+    ]
+    for (c, s), n in codes.head(50).items():
+        action = action_for(str(c))
+        todo = (
+            f"{action.action} ({action.source.title})"
+            if action
+            else "no catalogued action: read the detail"
+        )
+        lines.append(f"| {c} | {s} | {int(n)} | {todo.replace('|', '/')} |")
+    return [*lines, ""]
+
+
+def _outlier_table(fleet: pd.DataFrame) -> list[str]:
+    """Nodes whose figure is below the outlier fraction of their pool's median (first 100)."""
     out = fleet[fleet["outlier"]] if not fleet.empty else fleet
-    if not out.empty:
-        lines += [
-            f"## Outliers (below {1 - OUTLIER_FRACTION:.0%} of pool median)",
-            "",
-            "| node | pool | figure | value | pool median | ratio |",
-            "|---|---|---|---|---|---|",
-        ]
-        lines += [
+    if out.empty:
+        return []
+    return [
+        f"## Outliers (below {1 - OUTLIER_FRACTION:.0%} of pool median)",
+        "",
+        "| node | pool | figure | value | pool median | ratio |",
+        "|---|---|---|---|---|---|",
+        *(
             f"| {r.node} | {r.pool} | {r.figure} | {r.value:g} | {r.pool_median:g} | "
             f"{r.ratio:.2f} |"
             for r in out.head(100).itertuples(index=False)
-        ]
-        lines.append("")
-    return "\n".join(lines)
+        ),
+        "",
+    ]
 
 
 def finish_run(
