@@ -166,6 +166,40 @@ def parse(text: str) -> TopoMatrix:
         raise ParseError(FORMAT, f"not a topology header: {header_line.strip()[:80]!r}")
     kinds = [_device(name) for name in device_names]
 
+    rows, extras, end = _matrix_rows(lines, device_names, tabbed)
+    legend, nic_legend = _legends(lines[end:])
+    kind = _matrix_kind(device_names, rows, attributes, legend)
+    nic_names = dict(nic_legend)
+    devices: list[TopoDevice] = []
+    for name, (device_kind, index) in zip(device_names, kinds, strict=True):
+        attrs = _attributes(attributes, extras[name])
+        nic_name = None
+        if device_kind == "nic":
+            nic_name = nic_names.get(name) if name.startswith("NIC") else name
+        devices.append(
+            TopoDevice(
+                name=name,
+                kind=device_kind,
+                index=index,
+                nic_name=nic_name,
+                cpu_affinity=_blank_to_none(attrs.get("CPU Affinity")),
+                numa_affinity=_blank_to_none(attrs.get("NUMA Affinity")),
+                gpu_numa_id=_blank_to_none(attrs.get("GPU NUMA ID")),
+            )
+        )
+    return TopoMatrix(
+        kind=kind,
+        devices=tuple(devices),
+        links=tuple(tuple(rows[name]) for name in device_names),
+        legend=legend,
+        nic_legend=nic_legend,
+    )
+
+
+def _matrix_rows(lines: list[str], device_names: list[str], tabbed: bool
+                 ) -> tuple[dict[str, list[str]], dict[str, list[str]], int]:
+    """Each device's link cells and the cells after them (affinities), by device; and the index
+    of the line that ends the matrix (its first blank line, else the end)."""
     rows: dict[str, list[str]] = {}
     extras: dict[str, list[str]] = {}
     end = len(lines)
@@ -192,7 +226,12 @@ def parse(text: str) -> TopoMatrix:
     if missing:
         raise ParseError(FORMAT, f"no rows for {', '.join(missing)} (truncated?)")
 
-    legend, nic_legend = _legends(lines[end:])
+    return rows, extras, end
+
+
+def _matrix_kind(device_names: list[str], rows: dict[str, list[str]], attributes: list[str],
+                 legend: tuple[tuple[str, str], ...]) -> str:
+    """The matrix kind, "link" (``topo -m``) or "p2p" (``topo -p2p``), each cell checked."""
     all_values = {v for name in device_names for v in rows[name]}
     # A lone GPU's matrix is just "X": the legend (or the affinity columns) tell the kinds apart.
     if all_values & _P2P_ONLY or (not attributes and any(code == "OK" for code, _ in legend)):
@@ -205,32 +244,7 @@ def parse(text: str) -> TopoMatrix:
                 raise ParseError(FORMAT, f"{name}/{device_names[j]}: unknown link {value!r}")
             if (i == j) != (value == "X"):
                 raise ParseError(FORMAT, f"{name}/{device_names[j]}: 'X' must be on the diagonal")
-
-    nic_names = dict(nic_legend)
-    devices: list[TopoDevice] = []
-    for name, (device_kind, index) in zip(device_names, kinds, strict=True):
-        attrs = _attributes(attributes, extras[name])
-        nic_name = None
-        if device_kind == "nic":
-            nic_name = nic_names.get(name) if name.startswith("NIC") else name
-        devices.append(
-            TopoDevice(
-                name=name,
-                kind=device_kind,
-                index=index,
-                nic_name=nic_name,
-                cpu_affinity=_blank_to_none(attrs.get("CPU Affinity")),
-                numa_affinity=_blank_to_none(attrs.get("NUMA Affinity")),
-                gpu_numa_id=_blank_to_none(attrs.get("GPU NUMA ID")),
-            )
-        )
-    return TopoMatrix(
-        kind=kind,
-        devices=tuple(devices),
-        links=tuple(tuple(rows[name]) for name in device_names),
-        legend=legend,
-        nic_legend=nic_legend,
-    )
+    return kind
 
 
 def _attributes(columns: list[str], cells: list[str]) -> dict[str, str]:
