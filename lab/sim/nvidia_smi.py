@@ -1099,62 +1099,71 @@ INVALID_COMBINATION = (
 )
 
 
+# Flags that choose what the tool prints, as the real one names them.
+_MODE_FLAGS = {"-h": "help", "--help": "help", "--version": "version", "-L": "list",
+               "--list-gpus": "list", "-q": "query", "--query": "query"}
+# --name=a,b,c options: the mode they choose (None: a setting only).
+_LIST_OPTIONS = {"--query-gpu": "query-gpu", "--query-compute-apps": "query-compute-apps",
+                 "--format": None}
+
+
 def _parse(argv: list[str]) -> dict[str, Any]:
+    """The options as the real tool takes them, or Usage with its "invalid combination"."""
     opts: dict[str, Any] = {"mode": "table", "id": None, "xml": False, "fields": None,
                             "format": None}
     args = list(argv)
     if args and args[0] in ("topo", "nvlink"):
-        sub = args.pop(0)
-        opts["mode"] = sub
-        rest = []
-        while args:
-            arg = args.pop(0)
-            if arg in ("-i", "--id"):
-                if not args:
-                    raise Usage(INVALID_COMBINATION)
-                opts["id"] = args.pop(0)
-            elif arg.startswith("--id="):
-                opts["id"] = arg.split("=", 1)[1]
-            else:
-                rest.append(arg)
-        if sub == "topo" and rest not in (["-m"], ["--matrix"]):
-            raise Usage(INVALID_COMBINATION)
-        if sub == "nvlink" and rest not in (["-s"], ["--status"]):
-            raise Usage(INVALID_COMBINATION)
-        return opts
+        return _parse_subcommand(args.pop(0), args, opts)
     while args:
         arg = args.pop(0)
-        if arg in ("-h", "--help"):
-            opts["mode"] = "help"
-        elif arg == "--version":
-            opts["mode"] = "version"
-        elif arg in ("-L", "--list-gpus"):
-            opts["mode"] = "list"
-        elif arg in ("-q", "--query"):
-            opts["mode"] = "query"
+        name, equals, value = arg.partition("=")
+        if arg in _MODE_FLAGS:
+            opts["mode"] = _MODE_FLAGS[arg]
         elif arg in ("-x", "--xml-format"):
             opts["xml"] = True
-        elif arg in ("-i", "--id"):
-            if not args:
-                raise Usage(INVALID_COMBINATION)
-            opts["id"] = args.pop(0)
-        elif arg.startswith("--id="):
-            opts["id"] = arg.split("=", 1)[1]
-        elif arg.startswith("--query-gpu="):
-            opts["mode"] = "query-gpu"
-            opts["fields"] = [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]
-        elif arg.startswith("--query-compute-apps="):
-            opts["mode"] = "query-compute-apps"
-            opts["fields"] = [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]
-        elif arg.startswith("--format="):
-            opts["format"] = {f.strip() for f in arg.split("=", 1)[1].split(",")}
         elif arg == "-qx":
             opts["mode"], opts["xml"] = "query", True
+        elif _took_id(arg, args, opts):
+            continue
+        elif equals and name in _LIST_OPTIONS:
+            items = [f.strip() for f in value.split(",")]
+            if name == "--format":
+                opts["format"] = set(items)
+            else:
+                opts["mode"], opts["fields"] = _LIST_OPTIONS[name], [f for f in items if f]
         else:
             raise Usage(INVALID_COMBINATION)
     if opts["xml"] and opts["mode"] != "query":
         raise Usage(INVALID_COMBINATION)
     return opts
+
+
+def _parse_subcommand(sub: str, args: list[str], opts: dict[str, Any]) -> dict[str, Any]:
+    """``topo -m`` and ``nvlink -s`` (each with an optional ``-i``), nothing else."""
+    opts["mode"] = sub
+    rest = []
+    while args:
+        arg = args.pop(0)
+        if not _took_id(arg, args, opts):
+            rest.append(arg)
+    if sub == "topo" and rest not in (["-m"], ["--matrix"]):
+        raise Usage(INVALID_COMBINATION)
+    if sub == "nvlink" and rest not in (["-s"], ["--status"]):
+        raise Usage(INVALID_COMBINATION)
+    return opts
+
+
+def _took_id(arg: str, args: list[str], opts: dict[str, Any]) -> bool:
+    """``-i ID``, ``--id ID`` or ``--id=ID`` into opts (taking ID from args); False if not one."""
+    if arg in ("-i", "--id"):
+        if not args:
+            raise Usage(INVALID_COMBINATION)
+        opts["id"] = args.pop(0)
+        return True
+    if arg.startswith("--id="):
+        opts["id"] = arg.split("=", 1)[1]
+        return True
+    return False
 
 
 def _module_check(version: str) -> str | None:
