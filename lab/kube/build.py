@@ -271,7 +271,7 @@ def _build(target: Path, log: bool) -> None:
     started = time.monotonic()
     if log:
         print(f"kube: building Kubernetes {version} and etcd from source into {target} "
-              "(once per machine; about half an hour on 2 cores)", file=sys.stderr, flush=True)
+              "(once per machine; 12-15 minutes on 2 cores)", file=sys.stderr, flush=True)
     env = _go_env()
     timings: dict[str, float] = {}
     try:
