@@ -31,7 +31,7 @@ help: ## list the targets
 
 setup: $(STAMP_PY) $(STAMP_DEBS) ## .venv, pinned Python deps, the lab's Debian packages, Kubernetes built from source
 	@# The pinned Kubernetes release and its etcd, built from the Go module proxy once per
-	@# machine into ~/.cache/gpuready/kube (lab/kube/build.py): about 15 minutes on 2 cores the
+	@# machine into ~/.cache/gpuready/kube (lab/kube/build.py): 12-15 minutes on 2 cores the
 	@# first time, nothing after that until lab/kube/go.mod or go.sum changes.
 	$(PY) -m lab.kube.build
 	@# Each booted lab host holds 8 inotify instances (lab/limits.py) and the largest test fleet
