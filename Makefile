@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 # kubelet is linked with cgo, as upstream links it (lab/kube/build.py).
 LAB_DEBS := debootstrap debian-archive-keyring systemd-container dpkg-dev gnupg openssh-client \
 	util-linux iproute2 openmpi-bin python3-mpi4py gcc libc6-dev
-# The report page's browser test (tests/unit/test_report_browser.py) drives Debian's Chromium
+# The report page's browser test (tests/unit/validate/test_report_browser.py) drives Debian's Chromium
 # through Playwright; Playwright's own browser download is never used.
 BROWSER_DEBS := chromium
 STAMP_PY := $(VENV)/.installed-requirements

@@ -11,7 +11,7 @@ is generated from the table, so a contributor edits one place:
 
     .venv/bin/python -m tests.fixture_sources      # rewrite REUSE.toml's generated section
 
-``tests/unit/test_fixture_sources.py`` fails, naming the file or row, when the table, the
+``tests/unit/tools/test_fixture_sources.py`` fails, naming the file or row, when the table, the
 folder, the licence texts and what the reuse tool reads disagree.
 """
 

@@ -8,7 +8,7 @@ a scheme (``https:``, ``mailto:``) are not followed.
 
     .venv/bin/python -m tools.doc_links      # one line per broken link, exit 1 if any
 
-``tests/unit/test_doc_links.py`` runs the same check.
+``tests/unit/tools/test_docs.py`` runs the same check.
 """
 
 from __future__ import annotations

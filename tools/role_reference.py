@@ -9,7 +9,7 @@ taken from the role's ``defaults/main.yml``, where Ansible finds it too.
 
     .venv/bin/python -m tools.role_reference     # or `make docs`: rewrite docs/roles.md
 
-``tests/unit/test_role_reference.py`` fails while docs/roles.md differs from what this writes.
+``tests/unit/tools/test_role_reference.py`` fails while docs/roles.md differs from what this writes.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 
 from lab.hardware import render_host, write_faults, write_hardware
 
-SIM = Path(__file__).resolve().parents[2] / "lab" / "sim" / "ibstat.py"
+SIM = Path(__file__).resolve().parents[3] / "lab" / "sim" / "ibstat.py"
 
 
 def run_sim(hw_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

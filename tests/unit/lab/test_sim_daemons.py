@@ -14,7 +14,7 @@ import pytest
 
 from lab.hardware import render_host, write_faults, write_hardware
 
-SIM = Path(__file__).resolve().parents[2] / "lab" / "sim" / "daemons.py"
+SIM = Path(__file__).resolve().parents[3] / "lab" / "sim" / "daemons.py"
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Drift's labels layer against the API server (tests/apiserver_helpers.py) over HTTPS, read with
 the official client as the gate reads it, and judged by the gate's own decision
-(validate.gate.decision_for) on real validation runs on disk (tests/unit/gate_runs.py: every
+(validate.gate.decision_for) on real validation runs on disk (gate_runs.py beside it: every
 check judged on real captures):
 
 - after the real gate (`validate gate`) has labelled the nodes, drift finds nothing; a label
@@ -31,7 +31,7 @@ import pandas as pd
 import pytest
 
 from tests.apiserver_helpers import StandIn, core_api, running_standin, standin_address
-from tests.unit import gate_runs
+from tests.unit.validate import gate_runs
 from validate import cli
 from validate.drift.labels import latest_rows
 from validate.model import CheckResult, ExitCode, Status

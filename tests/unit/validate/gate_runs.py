@@ -3,7 +3,7 @@
 A run here is what ``validate run`` writes for healthy 8x H100 nodes, every check of the
 registry, judged by the checks' own ``judge_*`` functions:
 
-- 13 checks on real captures (tests/unit/real_fleet.py's H100 captures, by node name);
+- 13 checks on real captures (tests/unit/validate/real_fleet.py's H100 captures, by node name);
 - ``node.services`` on ``systemctl is-active``'s answer for the four units (one state a line);
 - ``nccl.allreduce`` on the 8x A100 single-node nccl-tests capture (no single-node H100
   capture exists), which is why the inventory lowers the pool's NCCL floor to it;
@@ -34,7 +34,7 @@ import yaml
 
 from lab.hardware import render_host
 from lab.sim.lab_kmsg import xid_lines
-from tests.unit import real_fleet
+from tests.unit.validate import real_fleet
 from validate import checks as check_registry
 from validate import runinfo
 from validate.checks import Verdict

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SIM = Path(__file__).resolve().parents[2] / "lab" / "sim" / "k8s.py"
+SIM = Path(__file__).resolve().parents[3] / "lab" / "sim" / "k8s.py"
 
 
 def run_sim(tool: str, *args: str, version: str = "1.30.5") -> str:

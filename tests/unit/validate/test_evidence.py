@@ -1,4 +1,4 @@
-"""validate/evidence.py on one node's real rows (tests/unit/gate_runs.py: every check judged on
+"""validate/evidence.py on one node's real rows (gate_runs.py beside it: every check judged on
 real captures): the window's edges, a clock that is wrong, rows without a readable time, and
 which empty values are legitimate (a check without a figure) and which are not."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.unit import gate_runs
+from tests.unit.validate import gate_runs
 from validate.evidence import node_evidence, required_checks
 from validate.inventory import load
 from validate.results import to_frame

@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.unit.parsers.test_nvidia_smi_golden import capture_sections, load_expected, to_jsonable
+from tests.unit.validate.parsers.test_nvidia_smi_golden import (
+    capture_sections,
+    load_expected,
+    to_jsonable,
+)
 from validate.parsers import ParseError, nvidia_smi_q, nvidia_smi_xml
 from validate.parsers.nvidia_smi_csv import parse_query_gpu
 from validate.parsers.nvidia_smi_model import EccErrors, RemappedRows, RetiredPages

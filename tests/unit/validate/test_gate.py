@@ -3,7 +3,7 @@ list and one guarded patch per changed Node (counted in the server's audit log),
 from a concurrent writer retried, dry run, and the failures (unreachable API, refused
 credentials, a certificate that does not verify, a Node that never joined) as exit codes.
 
-The command's runs are real runs on disk (tests/unit/gate_runs.py: every check judged on real
+The command's runs are real runs on disk (gate_runs.py beside it: every check judged on real
 captures, written by the report code), then aged, narrowed, cut or damaged: a stale, a
 partial-checks, a NaN and an empty run never admit a node, each with its code; a hardware
 fault quarantines a node through a clean run until an operator releases it."""
@@ -23,7 +23,7 @@ import pytest
 from lab.apiserver import server
 from lab.controlplane import kubeconfig
 from tests.apiserver_helpers import PORT, StandIn, core_api, running_standin, standin_address
-from tests.unit import gate_runs
+from tests.unit.validate import gate_runs
 from validate import cli
 from validate.evidence import by_node, read_run
 from validate.gate import KubeNodeApi, decision_for, reconcile

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lab import hardware
 from tests.conftest import REPO_ROOT
-from tests.unit.parsers.test_nvidia_smi_golden import capture_sections
+from tests.unit.validate.parsers.test_nvidia_smi_golden import capture_sections
 from validate.parsers import nvidia_smi_csv
 
 SIM = REPO_ROOT / "lab" / "sim"

@@ -38,7 +38,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.unit.test_reliability import Fleet, hostile_fleet
+from tests.unit.validate.test_reliability import Fleet, hostile_fleet
 from validate.ansible_ssh import NEW_KEYS_FILE, runner_settings
 from validate.model import ExitCode
 

@@ -86,7 +86,7 @@ def test_inventory_groups_hosts_by_os_and_pins_the_lab_key(tmp_path: Path) -> No
 
 
 def test_lab_inventory_pins_debian_13_apart() -> None:
-    group_vars = Path(__file__).resolve().parents[2] / "inventory" / "lab" / "group_vars"
+    group_vars = Path(__file__).resolve().parents[3] / "inventory" / "lab" / "group_vars"
     debian13 = yaml.safe_load((group_vars / "os_debian_13" / "bootstrap.yml").read_text())
     everyone = yaml.safe_load((group_vars / "all" / "bootstrap.yml").read_text())
     assert debian13["nvidia_driver_branch"] != everyone["nvidia_driver_branch"]

@@ -19,7 +19,7 @@ import pytest
 
 from lab.hardware import render_host, write_faults, write_hardware
 
-SIM = Path(__file__).resolve().parents[2] / "lab" / "sim" / "nvidia_smi.py"
+SIM = Path(__file__).resolve().parents[3] / "lab" / "sim" / "nvidia_smi.py"
 
 
 class Host:

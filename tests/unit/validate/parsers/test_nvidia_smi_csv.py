@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.unit.parsers.test_nvidia_smi_golden import capture_sections
+from tests.unit.validate.parsers.test_nvidia_smi_golden import capture_sections
 from validate.parsers import ParseError
 from validate.parsers.nvidia_smi_csv import (
     ComputeApp,

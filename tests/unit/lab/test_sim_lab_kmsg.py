@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lab.hardware import render_host, write_faults, write_hardware
 
-SIM = Path(__file__).resolve().parents[2] / "lab" / "sim" / "lab_kmsg.py"
+SIM = Path(__file__).resolve().parents[3] / "lab" / "sim" / "lab_kmsg.py"
 # The Xid line shape of the real captures (fixtures/dmesg-xid), prefix stripped.
 XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2})\): (\d+), (.*)$")
 

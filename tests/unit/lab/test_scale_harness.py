@@ -20,7 +20,7 @@ from validate import cli
 from validate.model import ExitCode
 
 ENDPOINTS = 50
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

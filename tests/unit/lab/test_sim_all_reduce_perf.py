@@ -12,7 +12,7 @@ import pytest
 
 from lab.hardware import render_host, write_faults, write_hardware
 
-SIM = Path(__file__).resolve().parents[2] / "lab" / "sim" / "all_reduce_perf.py"
+SIM = Path(__file__).resolve().parents[3] / "lab" / "sim" / "all_reduce_perf.py"
 ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)((?:\s+\S+){8})\s*$")
 
 

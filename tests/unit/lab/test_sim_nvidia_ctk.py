@@ -11,7 +11,7 @@ import yaml
 
 from lab.hardware import render_host, write_faults, write_hardware
 
-SIM = Path(__file__).resolve().parents[2] / "lab" / "sim" / "nvidia_ctk.py"
+SIM = Path(__file__).resolve().parents[3] / "lab" / "sim" / "nvidia_ctk.py"
 
 
 @pytest.fixture

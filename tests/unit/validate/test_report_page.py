@@ -2,7 +2,7 @@
 ``python -m validate report`` equals the original byte for byte, the page is self-contained
 and carries every row; bad run.json is named field by field.
 
-The run is tests/unit/real_fleet.py: real captures judged by the checks, one node really
+The run is tests/unit/validate/real_fleet.py: real captures judged by the checks, one node really
 unreachable. The browser test (test_report_browser.py) drives the same page in Chromium."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit import real_fleet
+from tests.unit.validate import real_fleet
 from validate import cli, runinfo
 from validate.model import EXIT_MEANING, CheckResult, ExitCode, Status
 from validate.report import write_report

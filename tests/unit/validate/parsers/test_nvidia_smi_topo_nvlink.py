@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.unit.parsers.test_nvidia_smi_golden import capture_sections, load_expected, to_jsonable
+from tests.unit.validate.parsers.test_nvidia_smi_golden import (
+    capture_sections,
+    load_expected,
+    to_jsonable,
+)
 from validate.parsers import ParseError, nvidia_smi_nvlink, nvidia_smi_topo
 
 TOPO = sorted(FIXTURES.glob("nvidia-smi-topo/*.txt"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_checks_runner import Answer, ScriptedTransport, _node
+from tests.unit.validate.test_checks_runner import Answer, ScriptedTransport, _node
 from validate import runner
 from validate.checks import select
 from validate.inventory import InventoryError, load

@@ -4,7 +4,7 @@ error and no request beyond its own file; the pool, status, check and fault-code
 the sorting work; a failed node's row leads to its fault and the operator action; pages of 100
 nodes turn.
 
-The report is the real-capture fleet of tests/unit/real_fleet.py. It and the screenshots stay
+The report is the real-capture fleet of real_fleet.py beside it. It and the screenshots stay
 in ``reports/test-browser/<run-id>/`` (``GPUREADY_TEST_REPORTS`` overrides the root) after the
 test: ``screenshot-table.png`` and ``screenshot-node.png`` beside ``index.html``.
 """
@@ -24,7 +24,7 @@ from playwright.sync_api import BrowserContext, ConsoleMessage, Page, Request, s
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.conftest import REPO_ROOT
-from tests.unit import real_fleet
+from tests.unit.validate import real_fleet
 from validate import runinfo
 from validate.actions import ACTIONS
 from validate.model import CheckResult

@@ -20,7 +20,7 @@ import pytest
 from lab.hardware import render_host, write_faults, write_hardware
 from validate.parsers import nccl
 
-SIM = Path(__file__).resolve().parents[2] / "lab" / "sim" / "all_reduce_perf.py"
+SIM = Path(__file__).resolve().parents[3] / "lab" / "sim" / "all_reduce_perf.py"
 MULTINODE = "nccl-tests-multinode"
 # 2.18.3, two nodes, complete (summary and trailer lines); 2.17.9, four nodes, header and rows.
 GH200_2NODE = "all_reduce_perf-2node-8x-gh200-slingshot-ofi-srun-apptainer-1B-128M.txt"

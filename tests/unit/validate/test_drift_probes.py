@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.test_checks_runner import ScriptedTransport, _node, _out
+from tests.unit.validate.test_checks_runner import ScriptedTransport, _node, _out
 from validate.checks import select
 from validate.checks.base import NodeContext
 from validate.drift import performance, probes
