@@ -25,7 +25,9 @@ derived from the hostname, so two hosts differ and a rebuilt host keeps its iden
                "pcie_switch", "node_guid", "port_guid", "system_image_guid"}],
      "nvme": [{"name", "model", "size_gb", "serial"}],
      "nccl": {"allreduce_busbw_peak_gbps": float,
-              "allreduce_multinode_busbw_peak_gbps": float (optional: all rails healthy)}}
+              "allreduce_multinode_busbw_peak_gbps": float (optional: all rails healthy)},
+     "mig_layout": [str, ...] (optional: every GPU in MIG mode with these MIG devices, by
+                   profile name, as an operator configured it; set_mig_layout)}
 
 ``faults.json`` is ``{"faults": [<fault name>, ...]}``; every name is a key of ``FAULTS``.
 """
@@ -36,6 +38,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,8 @@ FAULTS: dict[str, str] = {
     "join-fails": "the cluster's API server refuses the host's kubeadm join (admission denial)",
     "gfd-mismatch": "GPU Feature Discovery labels the node with another GPU product",
     "gpu-busy": "a GPU job holds GPU 0: nvidia-smi --query-compute-apps lists its process",
+    "mig-gpu-off": "GPU 1 is out of MIG mode (current and pending Disabled, no MIG devices) "
+                   "on a host whose GPUs are in MIG mode (set_mig_layout)",
 }
 
 
@@ -196,6 +201,26 @@ def write_hardware(hw_dir: Path, hardware: dict[str, Any]) -> Path:
     """Write ``hardware.json`` into a host's hardware directory atomically; return its path."""
     path = Path(hw_dir) / "hardware.json"
     _write_atomic(path, hardware)
+    return path
+
+
+_MIG_PROFILE = re.compile(r"^(?:[1-9]c\.)?[1-9]g\.\d+gb(?:\+me)?$")
+
+
+def set_mig_layout(hw_dir: Path, layout: list[str] | None) -> Path:
+    """Put every GPU of the host in MIG mode with ``layout``'s MIG devices (None or []: MIG
+    off), as an operator's ``nvidia-smi -mig 1`` and ``nvidia-smi mig -cgi ... -C`` would; the
+    simulated nvidia-smi shows it on its next call. Returns hardware.json's path."""
+    for name in layout or []:
+        if not _MIG_PROFILE.match(name):
+            raise ValueError(f"{name!r} is not a MIG profile name such as 1g.10gb")
+    path = Path(hw_dir) / "hardware.json"
+    document = json.loads(path.read_text(encoding="utf-8"))
+    if layout:
+        document["mig_layout"] = list(layout)
+    else:
+        document.pop("mig_layout", None)
+    _write_atomic(path, document)
     return path
 
 

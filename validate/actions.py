@@ -83,6 +83,10 @@ DCGM_DIAG = Source(
     "NVIDIA DCGM Diagnostics",
     "https://docs.nvidia.com/datacenter/dcgm/latest/user-guide/dcgm-diagnostics.html",
 )
+MIG_GUIDE = Source(
+    "NVIDIA Multi-Instance GPU User Guide (enable MIG mode, create GPU instances)",
+    "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/index.html",
+)
 FIO_DOCS = Source("fio documentation", "https://fio.readthedocs.io/en/latest/fio_doc.html")
 SYSTEMCTL = Source(
     "systemctl(1)", "https://www.freedesktop.org/software/systemd/man/latest/systemctl.html"
@@ -308,6 +312,37 @@ ACTIONS: dict[str, Action] = {
         "Persistence mode is off on some GPUs: each new process pays the GPU's initialisation.",
         "Enable and start nvidia-persistenced (the nvidia_driver role does) and check it runs.",
         PERSISTENCE,
+    ),
+    "gpu.mig.mode_disabled": Action(
+        "A GPU of a MIG pool is not in MIG mode: it offers one whole GPU where the pool's "
+        "scheduling expects MIG devices.",
+        f"{_DRAIN}; enable MIG (nvidia-smi -i <gpu> -mig 1), reset the GPU so the mode takes "
+        "effect, and create the pool's MIG devices again (gpu_mig_layout; or let the GPU "
+        "Operator's MIG manager apply them).",
+        MIG_GUIDE,
+    ),
+    "gpu.mig.mode_enabled": Action(
+        "A GPU of a pool that is not declared MIG is in MIG mode: jobs asking for a whole GPU "
+        "get a slice of one, or none.",
+        f"{_DRAIN}; destroy its instances (nvidia-smi mig -dci; nvidia-smi mig -dgi), disable "
+        "MIG (nvidia-smi -i <gpu> -mig 0) and reset the GPU; or move the node to a MIG pool.",
+        MIG_GUIDE,
+    ),
+    "gpu.mig.mode_pending": Action(
+        "A MIG mode change waits for a GPU reset: the GPU runs in one mode and turns to the "
+        "other at its next reset or reboot.",
+        f"{_DRAIN}, then reset the GPU (nvidia-smi -r -i <gpu>) or reboot, so the node runs "
+        "the mode its pool declares; set the mode that pool declares first if it is the wrong "
+        "one.",
+        MIG_GUIDE,
+    ),
+    "gpu.mig.layout_mismatch": Action(
+        "A GPU's MIG devices (by nvidia-smi -L's profile names) are not the ones its pool "
+        "declares in gpu_mig_layout.",
+        f"{_DRAIN}; destroy the GPU's compute and GPU instances and create the declared ones "
+        "(nvidia-smi mig -cgi <profiles> -C), or correct gpu_mig_layout if the layout changed "
+        "on purpose.",
+        MIG_GUIDE,
     ),
     "gpu.nvlink.down": Action(
         "Fewer NVLinks are active than the profile expects.",

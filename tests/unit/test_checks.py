@@ -67,6 +67,7 @@ def test_registry_has_every_issue_check() -> None:
         "gpu.persistence",
         "gpu.xid",
         "gpu.throttle",
+        "gpu.mig",
         "nccl.allreduce",
         "storage.fio",
         "storage.checkpoint",
