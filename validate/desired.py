@@ -61,6 +61,7 @@ NCCL_ENV = "gpuready_fabric_nccl_env"
 MPI_MCA = "gpuready_fabric_mpi_mca"
 COST = "gpuready_cost"
 MIG_LAYOUT = "gpu_mig_layout"
+SYSFS_ROOT = "gpuready_sysfs_root"
 
 # The inventory variables load_profile() reads besides the profile name.
 PROFILE_VARS = (THRESHOLDS, DRIVE_CLASS, SCRATCH_PATH, CHECKPOINT_PATH)
@@ -168,6 +169,8 @@ class DesiredState:
     cost: Mapping[str, Any] | None = None
     # The MIG devices a MIG pool declares (validate.mig); None: not a MIG pool.
     mig: MigLayout | None = None
+    # Where the node's sysfs is, as the validators' commands see it (None: /sys).
+    sysfs_root: str | None = None
     # What the profile is judged with: gpu_thresholds and the storage variables, as declared.
     profile_overrides: Mapping[str, Any] = field(default_factory=dict)
 
@@ -366,6 +369,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     MPI_MCA: _scalars,
     COST: _mapping,
     MIG_LAYOUT: lambda value: value,  # with gpu_pool, by validate.mig (read() below)
+    SYSFS_ROOT: _path,
 }
 
 # The variables this module reads, in a stable order (the loader templates these).
@@ -408,6 +412,7 @@ def read(values: Mapping[str, Any]) -> tuple[DesiredState, tuple[Problem, ...]]:
                           got.get(DRIFT_MARGINS, {})),
         cost=got.get(COST),
         mig=mig,
+        sysfs_root=got.get(SYSFS_ROOT),
         profile_overrides={v: got[v] for v in PROFILE_VARS if v in got},
     )
     return state, tuple(problems)

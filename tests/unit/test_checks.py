@@ -72,6 +72,7 @@ def test_registry_has_every_issue_check() -> None:
         "storage.fio",
         "storage.checkpoint",
         "fabric.ib",
+        "fabric.ib_counters",
         "node.services",
     }
     assert [c.id for c in select("gpu.c*,nccl.*")] == ["gpu.count", "nccl.allreduce"]
