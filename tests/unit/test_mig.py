@@ -14,6 +14,7 @@ import yaml
 from lab.hardware import set_mig_layout
 from tests.conftest import FIXTURES
 from tests.unit.parsers.test_nvidia_smi_golden import capture_sections
+from tests.unit.test_conformance import populated
 from tests.unit.test_sim_nvidia_smi import Host, _paths
 from validate import desired
 from validate.checks.gpu import judge_mig
@@ -207,6 +208,15 @@ def test_sim_mig_xml_has_the_real_mig_sample_element_paths(h100_mig: Host) -> No
     out = h100_mig.smi("-q", "-x")
     assert out.returncode == 0, out.stderr
     assert _paths(ET.fromstring(out.stdout)) == real  # MIG devices and remapped_rows N/A too
+
+
+def test_sim_in_mig_mode_has_every_field_of_the_real_mig_sample(h100_mig: Host) -> None:
+    real = nvidia_smi_xml.parse(
+        (FIXTURES / "nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml").read_text()).gpus[0]
+    sim = nvidia_smi_xml.parse(h100_mig.smi("-q", "-x").stdout).gpus[0]
+    assert populated(real) - populated(sim) == set()
+    assert {f for f in populated(sim) if f.startswith("mig")} == {
+        f for f in populated(real) if f.startswith("mig")}
 
 
 def test_sim_mig_devices_are_the_real_capture_s(h100_mig: Host) -> None:
