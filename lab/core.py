@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lab import controlplane, inventory, limits, repo, rootfs
 from lab import fleet as fleet_mod
+from lab import hardware as hardware_mod
 from lab import hosts as hosts_mod
 from lab.errors import LabError
 from lab.fleet import LabHost
@@ -245,6 +246,8 @@ def set_faults(paths: LabPaths, name: str, add: list[str], remove: list[str],
         after = () if clear else tuple(f for f in dict.fromkeys((*before, *add))
                                        if f not in remove)
         hosts_mod.write_faults(paths, name, after)
+        if (paths.host_dir(name) / "hw" / "hardware.json").exists():
+            hardware_mod.write_ib_counters(paths.host_dir(name) / "hw", after, before)
         apply_runtime_faults(paths, name, after, time.monotonic() + 30, previous=before)
         new_host = replace(host, faults=after)
         save_state(paths, replace(state, hosts=tuple(new_host if h.name == name else h

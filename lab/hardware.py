@@ -25,7 +25,9 @@ derived from the hostname, so two hosts differ and a rebuilt host keeps its iden
                "pcie_switch", "node_guid", "port_guid", "system_image_guid"}],
      "nvme": [{"name", "model", "size_gb", "serial"}],
      "nccl": {"allreduce_busbw_peak_gbps": float,
-              "allreduce_multinode_busbw_peak_gbps": float (optional: all rails healthy)}}
+              "allreduce_multinode_busbw_peak_gbps": float (optional: all rails healthy)},
+     "mig_layout": [str, ...] (optional: every GPU in MIG mode with these MIG devices, by
+                   profile name, as an operator configured it; set_mig_layout)}
 
 ``faults.json`` is ``{"faults": [<fault name>, ...]}``; every name is a key of ``FAULTS``.
 """
@@ -36,6 +38,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,11 @@ FAULTS: dict[str, str] = {
     "join-fails": "the cluster's API server refuses the host's kubeadm join (admission denial)",
     "gfd-mismatch": "GPU Feature Discovery labels the node with another GPU product",
     "gpu-busy": "a GPU job holds GPU 0: nvidia-smi --query-compute-apps lists its process",
+    "ib-link-flap": "the first HCA's link went down and came back: each time the fault is "
+                    "injected its sysfs link_downed grows by 3, link_error_recovery by 1 and "
+                    "symbol_error by 12 (ibstat shows the port Active again)",
+    "mig-gpu-off": "GPU 1 is out of MIG mode (current and pending Disabled, no MIG devices) "
+                   "on a host whose GPUs are in MIG mode (set_mig_layout)",
 }
 
 
@@ -196,6 +204,57 @@ def write_hardware(hw_dir: Path, hardware: dict[str, Any]) -> Path:
     """Write ``hardware.json`` into a host's hardware directory atomically; return its path."""
     path = Path(hw_dir) / "hardware.json"
     _write_atomic(path, hardware)
+    return path
+
+
+# The per-port error counters the lab writes under <hw>/sys/class/infiniband/<hca>/ports/1/
+# counters/ (one decimal value per file, as sysfs has them: fixtures/sysfs-infiniband/), and
+# how much one ib-link-flap grows each on the first HCA.
+IB_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors",
+               "excessive_buffer_overrun_errors", "port_xmit_discards", "VL15_dropped")
+FLAP_GROWTH = {"link_downed": 3, "link_error_recovery": 1, "symbol_error": 12}
+
+
+def write_ib_counters(hw_dir: Path, faults: list[str] | tuple[str, ...] = (),
+                      previous: list[str] | tuple[str, ...] = ()) -> Path:
+    """Write (keeping what is there) the counters of every HCA of the host's hardware.json
+    under ``<hw_dir>/sys/class/infiniband``; a newly injected ib-link-flap grows the first
+    HCA's. Returns that directory (the lab inventory's gpuready_sysfs_root/class/infiniband)."""
+    hardware = json.loads((Path(hw_dir) / "hardware.json").read_text(encoding="utf-8"))
+    root = Path(hw_dir) / "sys" / "class" / "infiniband"
+    flap = "ib-link-flap" in faults and "ib-link-flap" not in previous
+    for index, nic in enumerate(hardware.get("nics") or []):
+        counters = root / str(nic["name"]) / "ports" / "1" / "counters"
+        counters.mkdir(parents=True, exist_ok=True)
+        for name in IB_COUNTERS:
+            path = counters / name
+            value = int(path.read_text(encoding="ascii")) if path.exists() else 0
+            if flap and index == 0:
+                value += FLAP_GROWTH.get(name, 0)
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_text(f"{value}\n", encoding="ascii")
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, path)
+    return root
+
+
+_MIG_PROFILE = re.compile(r"^(?:[1-9]c\.)?[1-9]g\.\d+gb(?:\+me)?$")
+
+
+def set_mig_layout(hw_dir: Path, layout: list[str] | None) -> Path:
+    """Put every GPU of the host in MIG mode with ``layout``'s MIG devices (None or []: MIG
+    off), as an operator's ``nvidia-smi -mig 1`` and ``nvidia-smi mig -cgi ... -C`` would; the
+    simulated nvidia-smi shows it on its next call. Returns hardware.json's path."""
+    for name in layout or []:
+        if not _MIG_PROFILE.match(name):
+            raise ValueError(f"{name!r} is not a MIG profile name such as 1g.10gb")
+    path = Path(hw_dir) / "hardware.json"
+    document = json.loads(path.read_text(encoding="utf-8"))
+    if layout:
+        document["mig_layout"] = list(layout)
+    else:
+        document.pop("mig_layout", None)
+    _write_atomic(path, document)
     return path
 
 

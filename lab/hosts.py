@@ -70,6 +70,7 @@ def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str,
             raise LabError(f"{host.name}: overlay mount failed: {proc.stderr.strip()}")
     if host.hw_profile:  # a control-plane host has no simulated GPUs to describe
         hardware.write_hardware(hdir / "hw", hardware.render_host(host.hw_profile, host.name))
+        hardware.write_ib_counters(hdir / "hw", host.faults)
     write_faults(paths, host.name, host.faults)
     _write_json_atomic(hdir / "spec.json", {
         "name": host.name, "address": host.address, "port": str(host.port),

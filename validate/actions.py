@@ -83,6 +83,15 @@ DCGM_DIAG = Source(
     "NVIDIA DCGM Diagnostics",
     "https://docs.nvidia.com/datacenter/dcgm/latest/user-guide/dcgm-diagnostics.html",
 )
+MIG_GUIDE = Source(
+    "NVIDIA Multi-Instance GPU User Guide (enable MIG mode, create GPU instances)",
+    "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/index.html",
+)
+MLX5_COUNTERS = Source(
+    "NVIDIA (Mellanox): Understanding mlx5 Linux counters and status parameters",
+    "https://enterprise-support.nvidia.com/s/article/understanding-mlx5-linux-counters-and-"
+    "status-parameters",
+)
 FIO_DOCS = Source("fio documentation", "https://fio.readthedocs.io/en/latest/fio_doc.html")
 SYSTEMCTL = Source(
     "systemctl(1)", "https://www.freedesktop.org/software/systemd/man/latest/systemctl.html"
@@ -309,6 +318,37 @@ ACTIONS: dict[str, Action] = {
         "Enable and start nvidia-persistenced (the nvidia_driver role does) and check it runs.",
         PERSISTENCE,
     ),
+    "gpu.mig.mode_disabled": Action(
+        "A GPU of a MIG pool is not in MIG mode: it offers one whole GPU where the pool's "
+        "scheduling expects MIG devices.",
+        f"{_DRAIN}; enable MIG (nvidia-smi -i <gpu> -mig 1), reset the GPU so the mode takes "
+        "effect, and create the pool's MIG devices again (gpu_mig_layout; or let the GPU "
+        "Operator's MIG manager apply them).",
+        MIG_GUIDE,
+    ),
+    "gpu.mig.mode_enabled": Action(
+        "A GPU of a pool that is not declared MIG is in MIG mode: jobs asking for a whole GPU "
+        "get a slice of one, or none.",
+        f"{_DRAIN}; destroy its instances (nvidia-smi mig -dci; nvidia-smi mig -dgi), disable "
+        "MIG (nvidia-smi -i <gpu> -mig 0) and reset the GPU; or move the node to a MIG pool.",
+        MIG_GUIDE,
+    ),
+    "gpu.mig.mode_pending": Action(
+        "A MIG mode change waits for a GPU reset: the GPU runs in one mode and turns to the "
+        "other at its next reset or reboot.",
+        f"{_DRAIN}, then reset the GPU (nvidia-smi -r -i <gpu>) or reboot, so the node runs "
+        "the mode its pool declares; set the mode that pool declares first if it is the wrong "
+        "one.",
+        MIG_GUIDE,
+    ),
+    "gpu.mig.layout_mismatch": Action(
+        "A GPU's MIG devices (by nvidia-smi -L's profile names) are not the ones its pool "
+        "declares in gpu_mig_layout.",
+        f"{_DRAIN}; destroy the GPU's compute and GPU instances and create the declared ones "
+        "(nvidia-smi mig -cgi <profiles> -C), or correct gpu_mig_layout if the layout changed "
+        "on purpose.",
+        MIG_GUIDE,
+    ),
     "gpu.nvlink.down": Action(
         "Fewer NVLinks are active than the profile expects.",
         "Check `nvidia-smi nvlink -s` and `-e` and the fabric manager (NVSwitch systems); "
@@ -346,6 +386,53 @@ ACTIONS: dict[str, Action] = {
         "A fabric port trained below the profile's rate.",
         "Reseat or replace the cable or transceiver; check the switch port's configured speed.",
         NCCL_NETWORK,
+    ),
+    "fabric.ib.link_downed_growing": Action(
+        "The port's link went down (link_downed grew) since the node's previous run: a "
+        "flapping link, which drops every multi-node job's traffic on it.",
+        "Keep multi-node jobs off the node; reseat the cable and transceiver at both ends, "
+        "check the switch port's log and the cable's optical levels (mlxlink), replace the "
+        "cable if it flaps again.",
+        MLX5_COUNTERS,
+    ),
+    "fabric.ib.link_error_recovery_growing": Action(
+        "The port retrained its link (link_error_recovery grew) since the previous run: a "
+        "marginal link that recovers before it goes down.",
+        "Reseat or replace the cable or transceiver; watch link_downed next.",
+        MLX5_COUNTERS,
+    ),
+    "fabric.ib.symbol_error_growing": Action(
+        "Symbol errors on the port's physical link grew faster than the profile allows: "
+        "a bad cable, transceiver or connector.",
+        "Reseat the cable at both ends, clean or replace the transceiver, replace the cable "
+        "if the rate stays.",
+        MLX5_COUNTERS,
+    ),
+    "fabric.ib.port_rcv_errors_growing": Action(
+        "Packets with errors (bad CRC, malformed) arrived at the port faster than the profile "
+        "allows.",
+        "Check symbol_error on this port and the peer switch port's counters; reseat or "
+        "replace the cable.",
+        MLX5_COUNTERS,
+    ),
+    "fabric.ib.excessive_buffer_overrun_errors_growing": Action(
+        "The port's receive buffers overran repeatedly (flow control failing) faster than the "
+        "profile allows.",
+        "Check the link's flow-control settings at both ends and the switch port; reseat the "
+        "cable; look for a peer that ignores credits.",
+        MLX5_COUNTERS,
+    ),
+    "fabric.ib.counter_high": Action(
+        "An error counter is past the profile's warning count but did not grow since the "
+        "previous run: a past incident nobody cleared.",
+        "Find the incident in the history (python -m validate history); once understood, "
+        "clear the port's counters (perfquery -x -R) so a new error shows again.",
+        MLX5_COUNTERS,
+    ),
+    "fabric.ib.counter_missing": Action(
+        "A port does not expose an error counter in sysfs (counters/<name>).",
+        "Check the RDMA driver (mlx5_ib loaded, rdma-core) and gpuready_sysfs_root.",
+        SUITE,
     ),
     # Benchmarks.
     "nccl.allreduce.low_busbw": Action(

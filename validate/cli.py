@@ -43,7 +43,7 @@ from typing import Any, TextIO, cast
 from validate import argtypes, cost, fabric, gate, runinfo, runner
 from validate import checks as check_registry
 from validate.drift import cli as drift_cli
-from validate.history import HistoryError
+from validate.history import HistoryError, last_values
 from validate.inventory import InventoryError, Node, load
 from validate.model import CheckResult, ExitCode
 from validate.parsers import (
@@ -349,6 +349,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[s
                     progress=progress,
                     on_node_done=keep,
                     control=control,
+                    previous=_previous(args.out, selected, nodes, stderr),
                 )
         if fabric.CHECK_ID in multi_node and not control.interrupted:
             doing.append("running the fabric pair checks")
@@ -398,6 +399,23 @@ def _print_result(report: Report, stdout: TextIO) -> int:
     code = ExitCode.INTERRUPTED if report.interrupted else report.exit_code
     stdout.write(f"exit: {int(code)} {code.name}\n")
     return code
+
+
+def _previous(out: Path, selected: Sequence[check_registry.Check], nodes: Sequence[Node],
+              stderr: TextIO) -> dict[str, dict[tuple[str, str], tuple[float, str]]]:
+    """Each node's previous values for the checks that judge growth since the last run (the
+    run history under ``out``). A history that cannot be read is said and judged as none:
+    the checks then read this run as a first one."""
+    wanting = [c.id for c in selected if c.wants_history]
+    if not wanting:
+        return {}
+    try:
+        return last_values(out, wanting, {n.name for n in nodes})
+    except Exception as exc:  # a damaged history must not stop a validation
+        logging.getLogger(__name__).warning("run history under %s not read: %s", out, exc)
+        stderr.write(f"warning: run history under {out} not read ({type(exc).__name__}); "
+                     f"{', '.join(wanting)} judge this run as a first one\n")
+        return {}
 
 
 def _run_fabric(

@@ -27,6 +27,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 
 # The prefix rule has one home, beside what the gate sets under it (the gate's --prefix too).
 from validate.labels import check_prefix
+from validate.mig import LayoutError, MigLayout, read_layout
 
 # Every variable the validators read (besides the connection settings, which
 # validate.transport.route reads): the loader templates exactly these.
@@ -59,6 +60,8 @@ SOCKET_IFNAME = "gpuready_fabric_nccl_socket_ifname"
 NCCL_ENV = "gpuready_fabric_nccl_env"
 MPI_MCA = "gpuready_fabric_mpi_mca"
 COST = "gpuready_cost"
+MIG_LAYOUT = "gpu_mig_layout"
+SYSFS_ROOT = "gpuready_sysfs_root"
 
 # The inventory variables load_profile() reads besides the profile name.
 PROFILE_VARS = (THRESHOLDS, DRIVE_CLASS, SCRATCH_PATH, CHECKPOINT_PATH)
@@ -164,6 +167,10 @@ class DesiredState:
     drift: DriftInputs = field(default_factory=DriftInputs)
     # Shape checked here (a mapping); its content by validate.cost, per pool.
     cost: Mapping[str, Any] | None = None
+    # The MIG devices a MIG pool declares (validate.mig); None: not a MIG pool.
+    mig: MigLayout | None = None
+    # Where the node's sysfs is, as the validators' commands see it (None: /sys).
+    sysfs_root: str | None = None
     # What the profile is judged with: gpu_thresholds and the storage variables, as declared.
     profile_overrides: Mapping[str, Any] = field(default_factory=dict)
 
@@ -361,6 +368,8 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     NCCL_ENV: _scalars,
     MPI_MCA: _scalars,
     COST: _mapping,
+    MIG_LAYOUT: lambda value: value,  # with gpu_pool, by validate.mig (read() below)
+    SYSFS_ROOT: _path,
 }
 
 # The variables this module reads, in a stable order (the loader templates these).
@@ -380,6 +389,12 @@ def read(values: Mapping[str, Any]) -> tuple[DesiredState, tuple[Problem, ...]]:
             got[var] = reader(value)
         except _Bad as exc:
             problems.append(Problem(var, exc.reason))
+    mig: MigLayout | None = None
+    if POOL in got or MIG_LAYOUT in got:
+        try:
+            mig = read_layout(got.get(MIG_LAYOUT), got.get(POOL) or {})
+        except LayoutError as exc:
+            problems.append(Problem(POOL if exc.in_pool else MIG_LAYOUT, str(exc)))
     state = DesiredState(
         environment=got.get(ENVIRONMENT),
         pins=Pins(got.get(DRIVER_PIN), got.get(KERNEL_PIN)),
@@ -396,6 +411,8 @@ def read(values: Mapping[str, Any]) -> tuple[DesiredState, tuple[Problem, ...]]:
                           got.get(KERNEL_MODULES), got.get(RUNTIME_NAME),
                           got.get(DRIFT_MARGINS, {})),
         cost=got.get(COST),
+        mig=mig,
+        sysfs_root=got.get(SYSFS_ROOT),
         profile_overrides={v: got[v] for v in PROFILE_VARS if v in got},
     )
     return state, tuple(problems)

@@ -448,3 +448,29 @@ def baselines(
         "baseline": np.where(used >= settings.min_runs, median, np.nan),
         "baseline_runs": used.astype(int),
     }, columns=BASELINE_COLUMNS)
+
+
+def last_values(roots: Path | Sequence[Path], checks: Collection[str],
+                nodes: Collection[str] | None = None
+                ) -> dict[str, dict[tuple[str, str], tuple[float, str]]]:
+    """Each node's latest value of every metric of ``checks`` in the runs under ``roots`` (a
+    root that does not exist yet holds none), with the time of its row: what a check that
+    judges a counter's growth since the node's previous run compares with. ``{node: {(check,
+    metric): (value, time)}}``; ``nodes`` limits the nodes read."""
+    existing = [r for r in ([roots] if isinstance(roots, Path) else roots) if r.is_dir()]
+    if not checks or not existing:
+        return {}
+    table = _scan(run_files(existing), "check", sorted(checks),
+                  ["run_id", "time", "node", "check", "metric"])
+    out: dict[str, dict[tuple[str, str], tuple[float, str]]] = {}
+    if not table.num_rows:
+        return out
+    frame = table.to_pandas().astype({"run_id": str, "time": str, "node": str, "check": str,
+                                      "metric": str})
+    if nodes is not None:
+        frame = frame[frame["node"].isin(list(nodes))]
+    for time, node, check, metric, value in frame.sort_values(
+            "run_id", kind="stable")[["time", "node", "check", "metric",
+                                      "value"]].itertuples(index=False):
+        out.setdefault(node, {})[(check, metric)] = (float(value), time)
+    return out

@@ -40,6 +40,7 @@ import yaml
 
 from validate import desired
 from validate.model import Status
+from validate.parsers.ib_counters import ERROR_COUNTERS
 from validate.parsers.nvidia_smi_model import CLOCK_EVENT_REASONS
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -358,8 +359,14 @@ THRESHOLDS_SCHEMA: dict[str, _Section] = {
          "read_gbps": _BandSpec(0, CEILING_DD_GBPS, "GB/s")},
         ("size_mib", "write_gbps", "read_gbps")),
     "timeouts": _Section({"default_s": _TIMEOUT}),
+    # fabric.ib_counters: per port, each error counter's growth per hour since the node's
+    # previous run (a band), and the count past which a counter that did not grow still warns.
+    "ib_counters": _Section(
+        {**{f"{c}_per_h": _BandSpec(0, 1e12, "errors/h") for c in ERROR_COUNTERS},
+         **{f"{c}_high": _Num(0, 2**64, integer=True, unit="errors") for c in ERROR_COUNTERS}},
+        tuple(f"{c}_per_h" for c in ERROR_COUNTERS)),
 }
-_OPTIONAL_SECTIONS = ("nccl_pair", "timeouts")
+_OPTIONAL_SECTIONS = ("nccl_pair", "timeouts", "ib_counters")
 _FIO_BANDS = ("seq_read_mibps", "seq_write_mibps", "randread_4k_iops")
 
 _HARDWARE: dict[str, _Num | _Text | _Flag] = {

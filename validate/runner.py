@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -196,8 +196,10 @@ def run_node(
     default_timeout_s: float = 60.0,
     profile: Profile | None = None,
     probe_timeout_s: float | None = DEFAULT_PROBE_TIMEOUT_S,
+    previous: Mapping[tuple[str, str], tuple[float, str]] | None = None,
 ) -> list[CheckResult]:
     """All selected checks on one node, as rows. Never raises for node or tool trouble.
+    ``previous``: the node's earlier values for checks that judge against history.
     ``probe_timeout_s``: after a command times out, how long ``true`` may take to show that
     the node still answers (NodeContext)."""
     if profile is None:
@@ -216,7 +218,7 @@ def run_node(
                 for c in checks
             ]
     ctx = NodeContext(run_id, node, profile, transport, default_timeout_s,
-                      probe_timeout_s=probe_timeout_s)
+                      probe_timeout_s=probe_timeout_s, previous=previous or {})
     for check in checks:
         try:
             if check.skip_reason(ctx) is None:
@@ -305,6 +307,8 @@ class _Supervisor:
     finished: queue.SimpleQueue[tuple[str, list[CheckResult], float]] = field(
         default_factory=queue.SimpleQueue
     )
+    previous: Mapping[str, Mapping[tuple[str, str], tuple[float, str]]] = field(
+        default_factory=dict)
 
     def finish(self, node: Node, rows: list[CheckResult], took: float, notify: bool) -> None:
         self.results[node.name] = rows
@@ -337,7 +341,8 @@ class _Supervisor:
         start = time.monotonic()
         try:
             rows = run_node(node, self.checks, self.run_id, transport, self.default_timeout_s,
-                            probe_timeout_s=self.probe_timeout_s)
+                            probe_timeout_s=self.probe_timeout_s,
+                            previous=self.previous.get(node.name))
         except BaseException as exc:  # run_node turns failures into rows; this is a backstop
             LOG.exception("node %s crashed", node.name)
             rows = rows_for(self.run_id, node, self.checks, CODE_INTERNAL,
@@ -411,6 +416,7 @@ def run(
     progress: Callable[[NodeOutcome], None] | None = None,
     on_node_done: Callable[[Node, list[CheckResult]], None] | None = None,
     control: RunControl | None = None,
+    previous: Mapping[str, Mapping[tuple[str, str], tuple[float, str]]] | None = None,
 ) -> list[CheckResult]:
     """Run ``checks`` on ``nodes`` with at most ``concurrency`` nodes at a time, each within
     ``node_deadline_s`` (see the module docstring for deadlines and interrupts); a node that
@@ -419,6 +425,7 @@ def run(
     supervisor = _Supervisor(
         nodes, checks, run_id, transport_for, max(1, concurrency), default_timeout_s,
         node_deadline_s, probe_timeout_s, progress, on_node_done, control or RunControl(),
+        previous=previous or {},
     )
     with _fewer_collections():
         supervisor.supervise()

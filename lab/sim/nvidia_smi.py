@@ -25,11 +25,14 @@ tests/fixtures are the reference). "gpuready lab simulator" appears only in the 
 Supported: (no args) table, -L, -q [-i N] [-x], --query-gpu=... --format=csv[,noheader][,nounits]
 [-i N], --query-compute-apps=... --format=csv[,noheader][,nounits], topo -m, nvlink -s/--status
 [-i N], --version, -h. Faults: gpu-missing,
-ecc-uncorrectable, row-remap-pending, pcie-degraded, nvlink-down, tool-hang, driver-not-loaded.
+ecc-uncorrectable, row-remap-pending, pcie-degraded, nvlink-down, tool-hang, driver-not-loaded,
+mig-gpu-off. MIG: hardware.json's ``mig_layout`` puts every GPU in MIG mode with those MIG
+devices (XML, -q, -L, the table and --query-gpu show it as the real MIG captures do).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -45,6 +48,24 @@ ECC_GPU = 0
 REMAP_GPU = 1
 PCIE_GPU = 2
 NVLINK_GPU = 3
+MIG_OFF_GPU = 1
+
+# MIG devices as real nvidia-smi reports them, per GPU product and profile: SMs, copy engines,
+# encoders, decoders, OFAs, JPEG engines, the GPU instance's memory and BAR1 (MiB), and the GPU
+# instance ids the driver hands out for that profile, in order. Only profiles seen in a real
+# capture: H100 80GB HBM3 from nvidia-smi-captures/linux-x86_64__nvidia-h100-mig__590.48.01.txt
+# (-q and -L), A100-SXM4-80GB 1g.20gb from nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml.
+MigProfile = tuple[int, int, int, int, int, int, int, int, tuple[int, ...]]
+MIG_PROFILES: dict[str, dict[str, MigProfile]] = {
+    "NVIDIA H100 80GB HBM3": {
+        "3g.40gb": (60, 3, 0, 3, 0, 3, 40448, 24739, (2, 1)),
+        "2g.20gb": (32, 2, 0, 2, 0, 2, 20096, 12369, (3, 4, 5)),
+        "1g.10gb": (16, 1, 0, 1, 0, 1, 9984, 6184, (9, 10, 11, 12, 13, 14, 7)),
+    },
+    "NVIDIA A100-SXM4-80GB": {
+        "1g.20gb": (14, 1, 0, 1, 0, 0, 19968, 32767, (3, 4, 5, 6)),
+    },
+}
 
 NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -172,6 +193,13 @@ class Node:
             gpu.update(pcie_gen_cur=3, pcie_width_cur=8)
         if "nvlink-down" in self.faults and idx == NVLINK_GPU:
             gpu["nvlink_active"] = False
+        # MIG as the lab's operator configured it (hardware.json "mig_layout": the profiles of
+        # every GPU's MIG devices), unless a fault took this GPU out of MIG mode.
+        layout = list(self.hw.get("mig_layout") or [])
+        if "mig-gpu-off" in self.faults and idx == MIG_OFF_GPU:
+            layout = []
+        gpu["mig"] = "Enabled" if layout else "Disabled"
+        gpu["mig_devices"] = _mig_devices(gpu, layout)
 
     def select(self, ident: str | None) -> list[dict[str, Any]]:
         """GPUs matching ``-i`` (index, PCI bus id or UUID); all when ident is None."""
@@ -190,6 +218,28 @@ class Node:
             else:
                 raise LookupError(key)
         return chosen
+
+
+def _mig_devices(gpu: dict[str, Any], layout: list[str]) -> list[dict[str, Any]]:
+    table = MIG_PROFILES.get(str(gpu["name"]), {})
+    used: dict[str, int] = {}
+    devices = []
+    for index, profile in enumerate(layout):
+        if profile not in table:
+            raise ValueError(f"{SIMULATED}: no real capture of MIG profile {profile!r} on "
+                        f"{gpu['name']}")
+        sms, ce, enc, dec, ofa, jpg, mem, bar1, ids = table[profile]
+        nth = used.get(profile, 0)
+        used[profile] = nth + 1
+        digest = hashlib.sha256(f"{gpu['uuid']}/mig/{index}".encode()).hexdigest()
+        devices.append({
+            "index": index, "profile": profile, "gi": ids[nth % len(ids)], "ci": 0,
+            "sms": sms, "ce": ce, "enc": enc, "dec": dec, "ofa": ofa, "jpg": jpg,
+            "mem": mem, "bar1": bar1,
+            "uuid": f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-"
+                    f"{digest[20:32]}",
+        })
+    return devices
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,7 +279,13 @@ def _mem_temp(gpu: dict[str, Any]) -> str:
 
 
 def render_list(node: Node) -> str:
-    return "".join(_gpu_name_line(g) + "\n" for g in node.gpus)
+    out = []
+    for g in node.gpus:
+        out.append(_gpu_name_line(g) + "\n")
+        # The MIG lines as the 590 capture prints them (fixtures/nvidia-smi-captures/*-mig*).
+        out += [f"  MIG {d['profile']:<12}Device {d['index']:>2}: (UUID: {d['uuid']})\n"
+                for d in g["mig_devices"]]
+    return "".join(out)
 
 
 def render_nvlink_status(node: Node, gpus: list[dict[str, Any]]) -> str:
@@ -327,7 +383,7 @@ def render_table(node: Node) -> str:
             f"|{g['index']:>4}  {g['name']:<31}{pm:<4}|{g['pci_bus_id']:>19} Off |{ecc:>21} |",
             f"|{NA:>4}{str(g['temp_idle_c']) + 'C':>6}{'P0':>6}{usage:>16} / {cap:>5} "
             f"|{used:>11} / {total:>9} |{'0%':>8}{'Default':>13} |",
-            f"|{'':41}|{'':24}|{'Disabled':>21} |",
+            f"|{'':41}|{'':24}|{g['mig']:>21} |",
             _SEP_GPU,
         ]
     out += [
@@ -389,7 +445,7 @@ def _q_gpu(node: Node, g: dict[str, Any]) -> Tree:
         ("Display Active", "Disabled"),
         ("Persistence Mode", node.persistence),
         ("Addressing Mode", "None"),
-        ("MIG Mode", [("Current", "Disabled"), ("Pending", "Disabled")]),
+        ("MIG Mode", [("Current", g["mig"]), ("Pending", g["mig"])]),
         ("Accounting Mode", "Disabled"),
         ("Accounting Mode Buffer Size", "4000"),
         ("Driver Model", [("Current", NA), ("Pending", NA)]),
@@ -589,8 +645,9 @@ def _x_gpu(node: Node, g: dict[str, Any]) -> Tree:
         ("display_active", "Disabled"),
         ("persistence_mode", node.persistence),
         ("addressing_mode", "None"),
-        ("mig_mode", [("current_mig", "Disabled"), ("pending_mig", "Disabled")]),
-        ("mig_devices", "None"),
+        ("mig_mode", [("current_mig", g["mig"]), ("pending_mig", g["mig"])]),
+        ("mig_devices", [("mig_device", _x_mig(d)) for d in g["mig_devices"]]
+         if g["mig_devices"] else "None"),
         ("accounting_mode", "Disabled"),
         ("accounting_mode_buffer_size", "4000"),
         ("driver_model", [("current_dm", NA), ("pending_dm", NA)]),
@@ -685,8 +742,8 @@ def _x_gpu(node: Node, g: dict[str, Any]) -> Tree:
             ("pending_blacklist", NA),
             ("pending_retirement", NA),
         ]),
-        # Non-MIG layout of this element, as in the v11 and v13 samples.
-        ("remapped_rows", [
+        # N/A in MIG mode, as in the MIG samples (v11, v12); else the v11 and v13 samples' layout.
+        ("remapped_rows", NA if g["mig_devices"] else [
             ("remapped_row_corr", str(g["remap_corr"])),
             ("remapped_row_unc", str(g["remap_unc"])),
             ("remapped_row_pending", g["remap_pending"]),
@@ -744,6 +801,26 @@ def _x_gpu(node: Node, g: dict[str, Any]) -> Tree:
         ("supported_clocks", supported),
         ("processes", []),
         ("accounted_processes", []),
+    ]
+
+
+def _x_mig(d: dict[str, Any]) -> Tree:
+    # Element for element as in nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml.
+    used = 12
+    return [
+        ("index", str(d["index"])),
+        ("gpu_instance_id", str(d["gi"])),
+        ("compute_instance_id", str(d["ci"])),
+        ("device_attributes", [("shared", [
+            ("multiprocessor_count", str(d["sms"])), ("copy_engine_count", str(d["ce"])),
+            ("encoder_count", str(d["enc"])), ("decoder_count", str(d["dec"])),
+            ("ofa_count", str(d["ofa"])), ("jpg_count", str(d["jpg"])),
+        ])]),
+        ("ecc_error_count", [("volatile_count", [("sram_uncorrectable", "0")])]),
+        ("fb_memory_usage", [("total", f"{d['mem']} MiB"), ("reserved", "0 MiB"),
+                             ("used", f"{used} MiB"), ("free", f"{d['mem'] - used - 1} MiB")]),
+        ("bar1_memory_usage", [("total", f"{d['bar1']} MiB"), ("used", "0 MiB"),
+                               ("free", f"{d['bar1']} MiB")]),
     ]
 
 
@@ -929,8 +1006,8 @@ def _query_fields() -> dict[str, Field]:
         "clocks.max.graphics": clock("clocks_max_mhz", "graphics"),
         "clocks.max.sm": clock("clocks_max_mhz", "sm"),
         "clocks.max.memory": clock("clocks_max_mhz", "memory"),
-        "mig.mode.current": ("", _const("Disabled")),
-        "mig.mode.pending": ("", _const("Disabled")),
+        "mig.mode.current": ("", _key("mig")),
+        "mig.mode.pending": ("", _key("mig")),
     }
     fields.update(_ecc_fields())
     fields.update(_reason_fields())

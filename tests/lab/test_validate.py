@@ -1,7 +1,9 @@
 """The validators on the lab (issue 4): the fault fleet, bootstrapped by the roles, then
 validated over SSH. Every healthy host passes; every faulty host fails the right check with its
 code; a hung tool is a timeout row while the others finish; a dead sshd is an unreachable row;
-exit codes follow the table; a run writes nothing outside its scratch paths."""
+exit codes follow the table; a run writes nothing outside its scratch paths. Issue 31: a MIG
+pool with one GPU out of MIG mode fails, the same node in its full-GPU pool passes only with
+MIG off; a link_downed counter that grows between two runs fails the port."""
 
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ from pathlib import Path
 import ansible_runner
 import pandas as pd
 import pytest
+import yaml
 
 from lab import clone, core
 from lab.core import LabState
 from lab.fleet import LabHost
+from lab.hardware import set_mig_layout
 from lab.paths import REPO_ROOT, LabPaths
 from tests.lab.conftest import DEBIAN12_CUDA, lab_apt_sources, lab_cli, running_lab, ssh
 from validate import cli
@@ -304,3 +308,97 @@ def test_validate_playbook_fails_with_the_run(fleet: LabState) -> None:
                 if e.get("event") == "runner_on_failed"]
     assert any("a check failed" in m for m in messages), (messages, run.stdout.read()[-3000:])
     assert lab_cli("status").returncode == 0
+
+
+# ---------------------------------------------------------------------------- issue 31
+
+H100_MIG_LAYOUT = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+
+
+def _mig_inventory(tmp_path: Path, host: str) -> Path:
+    """The lab inventory with ``host`` moved from pool_h100_sxm into a MIG pool of the same
+    hardware, as a site would declare one."""
+    inv = tmp_path / "inventory-mig"
+    shutil.copytree(LabPaths.default().inventory_dir, inv)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    pools = hosts["all"]["children"]["gpu_nodes"]["children"]
+    pools["pool_h100_mig"] = {"hosts": {host: pools["pool_h100_sxm"]["hosts"].pop(host)}}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    pool = yaml.safe_load((inv / "group_vars/pool_h100_sxm/pool.yml").read_text())
+    pool["gpu_pool"]["sharing"] = "mig"
+    pool["gpu_mig_layout"] = H100_MIG_LAYOUT
+    (inv / "group_vars/pool_h100_mig").mkdir()
+    (inv / "group_vars/pool_h100_mig/pool.yml").write_text(yaml.safe_dump(pool))
+    return inv
+
+
+def _run_checks(inventory: Path, host: str, checks: str, out: Path) -> tuple[int, pd.DataFrame]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    rc = cli.main(["run", "-i", str(inventory), "--timeout", str(TIMEOUT_S), "--limit", host,
+                   "--checks", checks, "--out", str(out)], stdout=stdout, stderr=stderr)
+    assert rc in (ExitCode.OK, ExitCode.CHECK_FAILED), stdout.getvalue() + stderr.getvalue()
+    return rc, pd.read_parquet(_run_dir(stdout.getvalue()) / "results.parquet")
+
+
+def _codes(rows: pd.DataFrame) -> set[tuple[str, str, str]]:
+    return {(m, s, c) for m, s, c in zip(rows["metric"], rows["status"], rows["code"],
+                                          strict=True)}
+
+
+def test_mig_pool_as_declared(fleet: LabState, tmp_path: Path) -> None:
+    paths = LabPaths.default()
+    host = next(h.name for h in fleet.hosts if h.pool == "pool_h100_sxm" and not h.faults)
+    hw = paths.host_dir(host) / "hw"
+    mig_inventory = _mig_inventory(tmp_path, host)
+    try:
+        set_mig_layout(hw, H100_MIG_LAYOUT)
+        rc, rows = _run_checks(mig_inventory, host, "gpu.mig", tmp_path / "r")
+        assert rc == ExitCode.OK, rows[["metric", "status", "code", "detail"]].to_string()
+        assert _codes(rows) == {("mig_mode", "pass", "ok"), ("mig_pending", "pass", "ok"),
+                                ("mig_layout", "pass", "ok")}
+        core.set_faults(paths, host, ["mig-gpu-off"], [], clear=False)
+        rc, rows = _run_checks(mig_inventory, host, "gpu.mig", tmp_path / "r")
+        assert rc == ExitCode.CHECK_FAILED
+        mode = rows[rows["metric"] == "mig_mode"].iloc[0]
+        assert (mode["status"], mode["code"], mode["value"]) == (
+            "fail", "gpu.mig.mode_disabled", 1.0)
+        assert mode["detail"].startswith("expected MIG enabled: GPU1(")
+        # The same node in its full-GPU pool: MIG on fails, MIG off passes.
+        rc, rows = _run_checks(paths.inventory_dir, host, "gpu.mig", tmp_path / "r")
+        assert rc == ExitCode.CHECK_FAILED
+        assert ("mig_mode", "fail", "gpu.mig.mode_enabled") in _codes(rows)
+        core.set_faults(paths, host, [], ["mig-gpu-off"], clear=False)
+        set_mig_layout(hw, None)
+        rc, rows = _run_checks(paths.inventory_dir, host, "gpu.mig", tmp_path / "r")
+        assert rc == ExitCode.OK
+        assert _codes(rows) == {("mig_mode", "pass", "ok"), ("mig_pending", "pass", "ok")}
+    finally:
+        set_mig_layout(hw, None)
+        core.set_faults(paths, host, [], ["mig-gpu-off"], clear=False)
+
+
+def test_growing_link_downed_fails_the_port(fleet: LabState, tmp_path: Path) -> None:
+    paths = LabPaths.default()
+    host = next(h for h in fleet.hosts if h.pool == "pool_h100_sxm" and not h.faults)
+    out = tmp_path / "r"
+    try:
+        rc, first = _run_checks(paths.inventory_dir, host.name, "fabric.ib_counters", out)
+        assert rc == ExitCode.OK
+        assert len(first) == 8 * 5 and set(first["status"]) == {"pass"}
+        assert first["detail"].str.startswith("first reading").all()
+        rc, second = _run_checks(paths.inventory_dir, host.name, "fabric.ib_counters", out)
+        assert rc == ExitCode.OK and set(second["status"]) == {"pass"}
+        assert second["detail"].str.startswith("no growth since the previous run").all()
+        core.set_faults(paths, host.name, ["ib-link-flap"], [], clear=False)
+        rc, third = _run_checks(paths.inventory_dir, host.name, "fabric.ib_counters", out)
+        assert rc == ExitCode.CHECK_FAILED
+        bad = third[third["status"] != "pass"]
+        assert _codes(bad) == {
+            ("mlx5_0/1/link_downed", "fail", "fabric.ib.link_downed_growing"),
+            ("mlx5_0/1/link_error_recovery", "fail", "fabric.ib.link_error_recovery_growing"),
+            ("mlx5_0/1/symbol_error", "fail", "fabric.ib.symbol_error_growing")}, \
+            bad[["metric", "status", "code", "detail"]].to_string()
+        assert bad[bad["metric"] == "mlx5_0/1/link_downed"]["detail"].iloc[0].startswith(
+            "grew by 3 to 3 in ")
+    finally:
+        core.set_faults(paths, host.name, [], ["ib-link-flap"], clear=False)

@@ -16,7 +16,7 @@ import shlex
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar, cast
@@ -149,6 +149,10 @@ class NodeContext:
     _probe_lock: threading.Lock = field(default_factory=threading.Lock)
     _probe: tuple[float, Future[CommandResult | TransportError]] | None = None
     _silent: TransportError | None = None
+    # This node's latest earlier value of each (check, metric) that asked for history (a
+    # check with ``wants_history``), with its row's time (ISO 8601): from the run history
+    # under the reports root (validate.history.last_values); empty on a first run.
+    previous: Mapping[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
 
     def gone(self, error: TransportError) -> None:
         """The node cannot be asked any more: every later command raises ``error`` without
@@ -404,6 +408,8 @@ class Check(ABC):
     title: ClassVar[str]
     # Run order within a node: cheap queries first, long benchmarks last.
     order: ClassVar[int] = 50
+    # The check judges against its own rows of the node's previous run (NodeContext.previous).
+    wants_history: ClassVar[bool] = False
 
     def skip_reason(self, ctx: NodeContext) -> str | None:
         """Why this check does not apply to this node's profile (None: it applies)."""

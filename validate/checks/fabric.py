@@ -1,4 +1,6 @@
 """fabric.ib: InfiniBand/RoCE ports active at the expected rate (``ibstat``).
+fabric.ib_counters: each port's error counters (sysfs), judged by their growth since the
+node's previous run.
 
 Rows: ``active_ports`` (ports Active+LinkUp against the profile's ``nic_count``; code
 ``fabric.ib.port_down``) and ``min_rate_gbps`` (slowest active port against ``nic_rate_gbps``;
@@ -8,10 +10,13 @@ physical ceiling is a ``tool.implausible`` error, not a figure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict, parsed
 from validate.model import CODE_IMPLAUSIBLE, Status
-from validate.parsers import ibstat
-from validate.profiles import CEILING_NIC_GBPS
+from validate.parsers import ib_counters, ibstat
+from validate.profiles import CEILING_NIC_GBPS, Band
 
 
 class FabricIb(Check):
@@ -90,4 +95,110 @@ def judge_ib(
     return out
 
 
-CHECKS: tuple[Check, ...] = (FabricIb(),)
+# The sysfs root a node's commands see (a validator in a pod sees the host's at /host/sys).
+DEFAULT_SYSFS_ROOT = "/sys"
+# Codes of fabric.ib_counters: a counter that grew faster than its band, by counter, and a
+# counter past its "high" count that did not grow.
+GROWING = {
+    "link_downed": "fabric.ib.link_downed_growing",
+    "link_error_recovery": "fabric.ib.link_error_recovery_growing",
+    "symbol_error": "fabric.ib.symbol_error_growing",
+    "port_rcv_errors": "fabric.ib.port_rcv_errors_growing",
+    "excessive_buffer_overrun_errors": "fabric.ib.excessive_buffer_overrun_errors_growing",
+}
+CODE_COUNTER_HIGH = "fabric.ib.counter_high"
+CODE_COUNTER_MISSING = "fabric.ib.counter_missing"
+
+
+class FabricIbCounters(Check):
+    id = "fabric.ib_counters"
+    title = "InfiniBand port error counters: growth since the previous run"
+    order = 41
+    wants_history = True
+
+    def skip_reason(self, ctx: NodeContext) -> str | None:
+        return "profile expects no RDMA NICs" if ctx.profile.hardware.nic_count == 0 else None
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        root = ctx.node.desired.sysfs_root or DEFAULT_SYSFS_ROOT
+        out = ctx.output(("sh", "-c", ib_counters.READ_COUNTERS, "sh", root)).stdout
+        ports = parsed(ib_counters.parse, out, f"{root}/class/infiniband/*/ports/*/counters")
+        p = ctx.profile
+        bands = {c: p.band(f"ib_counters.{c}_per_h") for c in ib_counters.ERROR_COUNTERS}
+        high = {c: p.value(f"ib_counters.{c}_high", int, 2**63)
+                for c in ib_counters.ERROR_COUNTERS}
+        if not ports:
+            return [Verdict("ports", Status.ERROR, CODE_COUNTER_MISSING,
+                            f"no InfiniBand port counters under {root}/class/infiniband, where "
+                            f"the profile expects {ctx.profile.hardware.nic_count} ports "
+                            "(gpuready_sysfs_root?)", 0.0, "ports")]
+        return judge_ib_counters(ports, ctx.previous, bands, high, datetime.now(UTC))
+
+
+def counter_metric(port: ib_counters.PortCounters, counter: str) -> str:
+    """The row's metric for one counter of one port: ``mlx5_0/1/link_downed``."""
+    return f"{port.name}/{counter}"
+
+
+def judge_ib_counters(
+    ports: tuple[ib_counters.PortCounters, ...],
+    previous: Mapping[tuple[str, str], tuple[float, str]],
+    bands: Mapping[str, Band],
+    high: Mapping[str, int],
+    now: datetime,
+) -> list[Verdict]:
+    """One row per port and error counter, its value the count read now (the next run's
+    baseline). Against the node's previous row of the same metric (``previous``: value and
+    ISO time): the growth per hour is judged by ``bands`` (code ``fabric.ib.<counter>_growing``);
+    a count that did not grow but reached ``high`` warns (``fabric.ib.counter_high``). A first
+    reading, or a count below the previous one (the counters restart at a driver reload or
+    reboot), has no rate: only ``high`` applies. A counter the port does not expose is an
+    error row (``fabric.ib.counter_missing``); a port whose driver has no PMA ("N/A") skips."""
+    out: list[Verdict] = []
+    for port in ports:
+        for counter in ib_counters.ERROR_COUNTERS:
+            metric = counter_metric(port, counter)
+            if counter not in port.counters:
+                out.append(Verdict(metric, Status.ERROR, CODE_COUNTER_MISSING,
+                                   f"{port.name} exposes no counters/{counter}"))
+                continue
+            value = port.counters[counter]
+            if value is None:
+                out.append(Verdict(metric, Status.SKIP, "ok",
+                                   f"{port.name}: N/A (no PMA): the port keeps no counters"))
+                continue
+            out.append(_judge_counter(metric, value, previous.get(("fabric.ib_counters",
+                                                                    metric)),
+                                      bands[counter], high[counter], GROWING[counter], now))
+    return out
+
+
+def _judge_counter(metric: str, value: int, before: tuple[float, str] | None, band: Band,
+                   high: int, code: str, now: datetime) -> Verdict:
+    limits = f"(warn above {band.warn:g}/h, " if band.warn is not None else "("
+    limits += f"fail above {band.fail:g}/h)" if band.fail is not None else "no fail limit)"
+    rate_note = ""
+    if before is not None:
+        then = datetime.fromisoformat(before[1])
+        if then.tzinfo is None:
+            then = then.replace(tzinfo=UTC)
+        hours = max((now - then).total_seconds(), 1.0) / 3600
+        grown = value - before[0]
+        if grown > 0:
+            rate = grown / hours
+            status = band.judge(rate)
+            return Verdict(metric, status, "ok" if status is Status.PASS else code,
+                           f"grew by {grown:g} to {value} in {hours:.2f} h since the previous "
+                           f"run: {rate:.3g}/h {limits}", float(value), "count")
+        rate_note = ("no growth since the previous run" if grown == 0 else
+                     f"below the previous run's {before[0]:g} (counters restarted)")
+    else:
+        rate_note = "first reading: its growth is judged from the next run"
+    if value >= high:
+        return Verdict(metric, Status.WARN, CODE_COUNTER_HIGH,
+                       f"{value} (at or above {high}); {rate_note}: a past incident, clear "
+                       "it once understood", float(value), "count")
+    return Verdict(metric, Status.PASS, "ok", rate_note, float(value), "count")
+
+
+CHECKS: tuple[Check, ...] = (FabricIb(), FabricIbCounters())

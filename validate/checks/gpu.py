@@ -9,7 +9,8 @@ mode_disabled,mode_enabled}``,
 ``gpu.pcie.{degraded,below_spec}``, ``gpu.nvlink.down``, ``gpu.topology.{gpu_count,no_nvlink,
 unexpected_nvlink,nic_far}``, ``gpu.persistence.disabled``, ``gpu.xid.<code>``,
 ``gpu.xid.journal_unreadable`` (an error: journalctl could not read the system journal),
-``gpu.throttle.<reason>``.
+``gpu.throttle.<reason>``, ``gpu.mig.{mode_disabled,mode_enabled,mode_pending,
+layout_mismatch}``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,15 @@ from validate.checks.base import (
     judged,
     parsed,
 )
+from validate.mig import MigLayout
 from validate.model import Status, worst
-from validate.parsers import nvidia_smi_nvlink, nvidia_smi_topo, nvidia_smi_xml, xid
+from validate.parsers import (
+    nvidia_smi_list,
+    nvidia_smi_nvlink,
+    nvidia_smi_topo,
+    nvidia_smi_xml,
+    xid,
+)
 from validate.parsers.nvidia_smi_model import GpuInfo, NvidiaSmiLog
 from validate.profiles import Band
 from validate.xid_catalog import lookup
@@ -36,6 +44,7 @@ from validate.xid_catalog import lookup
 NVSMI_XML = ("nvidia-smi", "-q", "-x")
 NVSMI_TOPO = ("nvidia-smi", "topo", "-m")
 NVSMI_NVLINK = ("nvidia-smi", "nvlink", "-s")
+NVSMI_LIST = ("nvidia-smi", "-L")
 
 
 def smi_log(ctx: NodeContext) -> NvidiaSmiLog:
@@ -375,6 +384,72 @@ def judge_throttle(
     ]
 
 
+class GpuMig(Check):
+    id = "gpu.mig"
+    title = "MIG mode and MIG devices as the pool declares"
+    order = 17
+
+    def evaluate(self, ctx: NodeContext) -> list[Verdict]:
+        log = smi_log(ctx)
+        layout = ctx.node.desired.mig
+        listed = None
+        if layout is not None and any(g.mig_mode == "Enabled" for g in log.gpus):
+            # -q -x lists MIG devices without their profile names; -L names them.
+            text = ctx.output(NVSMI_LIST).stdout
+            listed = parsed(nvidia_smi_list.parse, text, "nvidia-smi -L")
+        return judge_mig(log, layout, listed)
+
+
+def judge_mig(log: NvidiaSmiLog, layout: MigLayout | None,
+              listed: tuple[nvidia_smi_list.ListedGpu, ...] | None = None) -> list[Verdict]:
+    """Rows ``mig_mode`` (value = GPUs in the wrong current MIG mode: Disabled or not
+    MIG-capable in a MIG pool, Enabled in any other), ``mig_pending`` (GPUs whose pending mode
+    differs from the declared one: a change that a GPU reset would make) and, for a MIG pool,
+    ``mig_layout`` (GPUs in MIG mode whose MIG devices, by ``nvidia-smi -L``'s profile names,
+    are not the declared ones; order does not matter)."""
+    want = "Enabled" if layout is not None else "Disabled"
+    wrong: list[str] = []
+    pending: list[str] = []
+    for g in log.gpus:
+        current = g.mig_mode or "not MIG-capable"
+        if layout is not None and current != "Enabled":
+            wrong.append(f"{_gpu_label(g)}={current}")
+        elif layout is None and current == "Enabled":
+            wrong.append(f"{_gpu_label(g)}=Enabled ({len(g.mig_devices)} MIG devices)")
+        if g.mig_pending is not None and g.mig_pending != want:
+            pending.append(f"{_gpu_label(g)} pending {g.mig_pending}")
+    mode_code = "gpu.mig.mode_disabled" if layout is not None else "gpu.mig.mode_enabled"
+    out = [
+        Verdict("mig_mode", Status.FAIL if wrong else Status.PASS,
+                mode_code if wrong else "ok",
+                f"expected MIG {want.lower()}: " + ", ".join(wrong) if wrong else want,
+                float(len(wrong)), "gpus", None, 0.0),
+        Verdict("mig_pending", Status.FAIL if pending else Status.PASS,
+                "gpu.mig.mode_pending" if pending else "ok",
+                ", ".join(pending) + " (takes effect at the GPU's next reset)" if pending else "",
+                float(len(pending)), "gpus", None, 0.0),
+    ]
+    if layout is None:
+        return out
+    names = {g.index: tuple(m.profile for m in g.mig_devices) for g in listed or ()}
+    differ: list[str] = []
+    for g in log.gpus:
+        if g.mig_mode != "Enabled":
+            continue  # said by mig_mode
+        declared = layout.for_gpu(g.index)
+        found = names.get(g.index, ())
+        if declared is None:
+            differ.append(f"{_gpu_label(g)}: no layout declared for this GPU, found "
+                          f"[{', '.join(found)}]")
+        elif sorted(found) != sorted(declared):
+            differ.append(f"{_gpu_label(g)}: found [{', '.join(found)}], declared "
+                          f"[{', '.join(declared)}]")
+    out.append(Verdict("mig_layout", Status.FAIL if differ else Status.PASS,
+                       "gpu.mig.layout_mismatch" if differ else "ok", "; ".join(differ),
+                       float(len(differ)), "gpus", None, 0.0))
+    return out
+
+
 class GpuNvlink(Check):
     id = "gpu.nvlink"
     title = "Active NVLinks per GPU"
@@ -607,6 +682,7 @@ CHECKS: tuple[Check, ...] = (
     GpuPcie(),
     GpuPersistence(),
     GpuThrottle(),
+    GpuMig(),
     GpuNvlink(),
     GpuTopology(),
     GpuXid(),

@@ -20,6 +20,10 @@ Schema::
       minor_number, module_id: int | None
       persistence_mode: str | None   "Enabled" | "Disabled"
       mig_mode: str | None           current MIG mode "Enabled" | "Disabled"; None when N/A
+      mig_pending: str | None        pending MIG mode (what the GPU turns to at its next
+                                     reset); None when N/A
+      mig_devices: tuple[MigDevice, ...]  the MIG devices (one per compute instance), in
+                                     output order; () when MIG is off or N/A
       memory_total_mib: int | None   FB memory total
       pcie_gen_max, pcie_gen_current, pcie_width_max, pcie_width_current: int | None
       ecc_mode: str | None           current ECC mode "Enabled" | "Disabled"
@@ -31,6 +35,15 @@ Schema::
       temperature_c: int | None      GPU current temperature
       power_draw_w: float | None     board power draw (average where the driver splits it)
       power_limit_w: float | None    current (enforced) power limit
+
+    MigDevice
+      index: int                     MIG device index on its GPU
+      gpu_instance_id, compute_instance_id: int | None
+      multiprocessor_count: int | None    SMs of the compute instance
+      memory_total_mib: int | None   the GPU instance's (shared) framebuffer
+
+nvidia-smi names no MIG profile in either format (``nvidia-smi -L`` does:
+validate.parsers.nvidia_smi_list).
 
 Every numeric field is None when the tool printed N/A, [Not Supported] etc.
 """
@@ -110,6 +123,17 @@ class RemappedRows:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance in a GPU instance) of a GPU in MIG mode."""
+
+    index: int
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    multiprocessor_count: int | None
+    memory_total_mib: int | None
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """Per-GPU facts from one ``nvidia-smi -q`` / ``-q -x`` log (schema in module docstring)."""
 
@@ -137,6 +161,8 @@ class GpuInfo:
     pci_device_id: str | None = None
     minor_number: int | None = None
     module_id: int | None = None
+    mig_pending: str | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from validate.parsers import ParseError
 from validate.parsers.nvidia_smi_model import (
     EccErrors,
     GpuInfo,
+    MigDevice,
     NvidiaSmiLog,
     RemappedRows,
     RetiredPages,
@@ -196,6 +197,21 @@ def _first_float(block: _Node | None, *keys: str) -> float | None:
     return None
 
 
+def _mig_devices(gpu: _Node) -> tuple[MigDevice, ...]:
+    out = []
+    for position, dev in enumerate(c for c in gpu.children if c.key == "MIG Device"):
+        printed = to_int(dev.get("Index"))
+        out.append(MigDevice(
+            index=position if printed is None else printed,
+            gpu_instance_id=to_int(dev.get("GPU Instance ID")),
+            compute_instance_id=to_int(dev.get("Compute Instance ID")),
+            multiprocessor_count=to_int(
+                dev.get("Device Attributes", "Shared", "Multiprocessor count")),
+            memory_total_mib=to_int(dev.get("Shared FB Memory Usage", "Total"), "MiB"),
+        ))
+    return tuple(out)
+
+
 def _gpu(index: int, bus_id: str | None, gpu: _Node) -> GpuInfo:
     power = gpu.child("GPU Power Readings") or gpu.child("Power Readings")
     link = gpu.child("PCI", "GPU Link Info")
@@ -228,6 +244,8 @@ def _gpu(index: int, bus_id: str | None, gpu: _Node) -> GpuInfo:
         pci_device_id=clean(gpu.get("PCI", "Device Id")),
         minor_number=to_int(gpu.get("Minor Number")),
         module_id=to_int(gpu.get("Module ID")),
+        mig_pending=clean(gpu.get("MIG Mode", "Pending")),
+        mig_devices=_mig_devices(gpu),
     )
 
 

@@ -25,6 +25,7 @@ from validate.parsers import ParseError
 from validate.parsers.nvidia_smi_model import (
     EccErrors,
     GpuInfo,
+    MigDevice,
     NvidiaSmiLog,
     RemappedRows,
     RetiredPages,
@@ -106,6 +107,25 @@ def _remapped(gpu: ET.Element) -> RemappedRows | None:
     )
 
 
+def _index(printed: int | None, position: int) -> int:
+    return position if printed is None else printed
+
+
+def _mig_devices(gpu: ET.Element) -> tuple[MigDevice, ...]:
+    # <mig_devices> holds the text "None" when MIG is off, <mig_device> elements when on.
+    return tuple(
+        MigDevice(
+            index=_index(to_int(_text(dev, "index")), i),
+            gpu_instance_id=to_int(_text(dev, "gpu_instance_id")),
+            compute_instance_id=to_int(_text(dev, "compute_instance_id")),
+            multiprocessor_count=to_int(
+                _text(dev, "device_attributes/shared/multiprocessor_count")),
+            memory_total_mib=to_int(_text(dev, "fb_memory_usage/total"), "MiB"),
+        )
+        for i, dev in enumerate(gpu.findall("mig_devices/mig_device"))
+    )
+
+
 def _reasons(gpu: ET.Element) -> tuple[str, ...]:
     block = gpu.find("clocks_event_reasons")
     if block is None:
@@ -178,6 +198,8 @@ def _gpu(index: int, gpu: ET.Element) -> GpuInfo:
         pci_device_id=_pci_device_id(_text(gpu, "pci/pci_device_id")),
         minor_number=to_int(_text(gpu, "minor_number")),
         module_id=to_int(_text(gpu, "module_id")),
+        mig_pending=clean(_text(gpu, "mig_mode/pending_mig")),
+        mig_devices=_mig_devices(gpu),
     )
 
 

@@ -67,7 +67,7 @@ def test_every_node_reported_with_its_failures_status_and_code(harness: Path,
     assert {(r["status"], r["code"]) for r in by_node.pop(victim.name)} == {
         ("error", "host.hostkey_rejected")}
     served = [e for e in plan if e.name != victim.name]
-    assert problems(served, by_node, checks=11) == []
+    assert problems(served, by_node, checks=12) == []
     assert len(by_node) == ENDPOINTS - 1
 
 

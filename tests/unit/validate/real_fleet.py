@@ -26,18 +26,24 @@ capture exists, so the H100 pool runs no NCCL). What each node's rows come from:
 
 from __future__ import annotations
 
+import functools
+import subprocess
+import tempfile
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.conftest import closed_port
+from tests.ttar import unpack
 from validate.checks import REGISTRY, Verdict
 from validate.checks.base import ToolFailure, parsed
-from validate.checks.fabric import judge_ib
+from validate.checks.fabric import judge_ib, judge_ib_counters
 from validate.checks.gpu import (
     judge_count,
     judge_driver,
     judge_ecc,
     judge_memory,
+    judge_mig,
     judge_model,
     judge_nvlink,
     judge_pcie,
@@ -52,6 +58,7 @@ from validate.inventory import Node, load, profile_for
 from validate.model import CheckResult
 from validate.parsers import (
     fio,
+    ib_counters,
     ibstat,
     nccl,
     nvidia_smi_nvlink,
@@ -169,7 +176,24 @@ def _verdicts(cap: _Captures, node: Node, p: Profile) -> dict[str, Callable[[], 
                 "fio/fio-3.33-json-seqwrite-seqread-randread4k-3jobs-stonewall-vm-disk.json")),
             {m: p.band(f"fio.{m}") for m in FIO_METRICS}),
         "nccl.allreduce": nccl_rows,
+        "gpu.mig": lambda: judge_mig(h100_log, node.desired.mig),
+        "fabric.ib_counters": lambda: judge_ib_counters(
+            _sysfs_ports(cap.dir), {},
+            {c: p.band(f"ib_counters.{c}_per_h") for c in ib_counters.ERROR_COUNTERS},
+            {c: p.value(f"ib_counters.{c}_high", int) for c in ib_counters.ERROR_COUNTERS},
+            datetime.now(UTC)),
     }
+
+
+@functools.cache
+def _sysfs_ports(fixtures_dir: Path) -> tuple[ib_counters.PortCounters, ...]:
+    """The real sysfs tree's port counters, read with the validators' own command."""
+    with tempfile.TemporaryDirectory() as root:
+        tree = unpack(fixtures_dir / "sysfs-infiniband/procfs-testdata-sys-class-infiniband-"
+                      "hfi1-mlx4-2port-mlx5.ttar", Path(root), strip="fixtures/sys/")
+        out = subprocess.run(["sh", "-c", ib_counters.READ_COUNTERS, "sh", str(tree)],
+                             capture_output=True, text=True, check=True, timeout=30).stdout
+    return ib_counters.parse(out)
 
 
 def judges(fixtures_dir: Path, node: Node, profile: Profile

@@ -67,10 +67,12 @@ def test_registry_has_every_issue_check() -> None:
         "gpu.persistence",
         "gpu.xid",
         "gpu.throttle",
+        "gpu.mig",
         "nccl.allreduce",
         "storage.fio",
         "storage.checkpoint",
         "fabric.ib",
+        "fabric.ib_counters",
         "node.services",
     }
     assert [c.id for c in select("gpu.c*,nccl.*")] == ["gpu.count", "nccl.allreduce"]

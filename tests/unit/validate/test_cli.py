@@ -113,11 +113,11 @@ all:
     assert "[1/1] dead-01: error" in err and "report:" in out
     run_dir = tmp_path / "reports" / "t1"
     rows = pd.read_parquet(run_dir / "results.parquet")
-    assert len(rows) == 12 and set(rows["code"]) == {"host.unreachable"}
+    assert len(rows) == 13 and set(rows["code"]) == {"host.unreachable"}
     info = json.loads((run_dir / "run.json").read_text())
     assert (info["run_id"], info["inventory"], info["limit"], info["exit_code"]) == (
         "t1", str(inv.resolve()), None, ExitCode.UNREACHABLE)
-    assert info["checks_requested"] == "gpu.*,node.services" and len(info["checks"]) == 12
+    assert info["checks_requested"] == "gpu.*,node.services" and len(info["checks"]) == 13
     assert [p["nodes"] for p in info["profiles"]] == [["dead-01"]]
     # render again from the stored results and run.json: the same files, byte for byte
     before = {f.name: f.read_bytes() for f in run_dir.iterdir()}

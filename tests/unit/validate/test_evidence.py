@@ -87,5 +87,6 @@ def test_missing_checks_are_named(rows: pd.DataFrame) -> None:
     partial = rows[~rows["check"].isin(["storage.fio", "nccl.allreduce"])]
     found = node_evidence(partial, run_id="r1", now=MEASURED, max_age_s=DAY)
     assert codes(found) == ["gate.incomplete_run"]
-    assert "2 of the 16 checks the node needs (storage.fio, nccl.allreduce)" in \
+    assert f"2 of the {len(required_checks())} checks the node needs (storage.fio, " \
+        "nccl.allreduce)" in \
         found.problems[0].reason
