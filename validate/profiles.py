@@ -358,8 +358,12 @@ THRESHOLDS_SCHEMA: dict[str, _Section] = {
          "read_gbps": _BandSpec(0, CEILING_DD_GBPS, "GB/s")},
         ("size_mib", "write_gbps", "read_gbps")),
     "timeouts": _Section({"default_s": _TIMEOUT}),
+    # dcgm.diag: the levels run without --checks naming them (1 always runs), and each
+    # level's timeout (validate/checks/dcgm.py).
+    "dcgm": _Section({"levels": _List(_Num(1, 3, integer=True)), "r1_timeout_s": _TIMEOUT,
+                      "r2_timeout_s": _TIMEOUT, "r3_timeout_s": _TIMEOUT}),
 }
-_OPTIONAL_SECTIONS = ("nccl_pair", "timeouts")
+_OPTIONAL_SECTIONS = ("nccl_pair", "timeouts", "dcgm")
 _FIO_BANDS = ("seq_read_mibps", "seq_write_mibps", "randread_4k_iops")
 
 _HARDWARE: dict[str, _Num | _Text | _Flag] = {

@@ -72,6 +72,9 @@ def test_registry_has_every_issue_check() -> None:
         "storage.checkpoint",
         "fabric.ib",
         "node.services",
+        "dcgm.diag",
+        "dcgm.diag_r2",
+        "dcgm.diag_r3",
     }
     assert [c.id for c in select("gpu.c*,nccl.*")] == ["gpu.count", "nccl.allreduce"]
     # long benchmarks run last

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from tests.unit import gate_runs
+from validate.checks import REGISTRY
 from validate.evidence import node_evidence, required_checks
 from validate.inventory import load
 from validate.results import to_frame
@@ -87,5 +88,5 @@ def test_missing_checks_are_named(rows: pd.DataFrame) -> None:
     partial = rows[~rows["check"].isin(["storage.fio", "nccl.allreduce"])]
     found = node_evidence(partial, run_id="r1", now=MEASURED, max_age_s=DAY)
     assert codes(found) == ["gate.incomplete_run"]
-    assert "2 of the 16 checks the node needs (storage.fio, nccl.allreduce)" in \
+    assert f"2 of the {len(REGISTRY)} checks the node needs (storage.fio, nccl.allreduce)" in \
         found.problems[0].reason
