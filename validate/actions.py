@@ -482,6 +482,72 @@ ACTIONS: dict[str, Action] = {
         "Check the checkpoint path's drive and mount.",
         SUITE,
     ),
+    # DCGM diagnostics (validate/checks/dcgm.py): DCGM's own message is in the row's detail.
+    "dcgm.diag.memory": Action(
+        "DCGM's memory test found faulty GPU memory (miscompares, uncorrectable errors, low "
+        "memory bandwidth) on the GPU the row names.",
+        f"{_DRAIN}; reset the GPU (nvidia-smi -r) and rerun dcgmi diag -r 3. A GPU that fails "
+        "again is an RMA: send the DCGM output and nvidia-bug-report with it.",
+        DCGM_DIAG,
+        hardware_fault=True,
+    ),
+    "dcgm.diag.pcie": Action(
+        "DCGM's PCIe test failed: bandwidth or latency out of range, replay errors, or the link "
+        "trained below its generation or width.",
+        f"{_DRAIN}; compare gpu.pcie on the same node, reseat the GPU or its riser and check "
+        "the slot's BIOS settings; a link that degrades again is an RMA.",
+        DCGM_DIAG,
+    ),
+    "dcgm.diag.nvlink": Action(
+        "DCGM found NVLink errors or links down on the GPU the row names.",
+        "Compare gpu.nvlink; check the fabric manager (NVSwitch systems) and reset the GPUs; "
+        "links that stay down or keep erroring need the baseboard serviced.",
+        FABRIC_MANAGER,
+    ),
+    "dcgm.diag.thermal_power": Action(
+        "DCGM saw thermal violations, a temperature too high, or the GPU could not reach its "
+        "target power during the test.",
+        "Check fans, airflow, inlet temperature and the power supplies on the BMC; verify the "
+        "power limit (nvidia-smi -q -d POWER); rerun the diagnostic once cooling is fixed.",
+        DCGM_DIAG,
+    ),
+    "dcgm.diag.row_remap_pending": Action(
+        "The GPU has uncorrectable memory errors whose row remapping (or page retirement) is "
+        "pending: it takes effect only after a GPU reset.",
+        f"{_DRAIN}, reset the GPU (nvidia-smi -r -i <gpu>) or reboot, then validate again; "
+        "the remap clears the finding.",
+        MEMORY_ERRORS,
+    ),
+    "dcgm.diag.row_remap_failed": Action(
+        "Row remapping failed or the GPU ran out of spare rows: its memory cannot be repaired.",
+        f"{_DRAIN} and replace the GPU (RMA); NVIDIA's memory error guide says a failed remap "
+        "needs the board replaced.",
+        MEMORY_ERRORS,
+        hardware_fault=True,
+    ),
+    "dcgm.diag.deployment": Action(
+        "A DCGM deployment test failed: the node's software setup blocks GPU work (persistence "
+        "mode off, a denylisted driver, CUDA library missing, graphics processes, inforom).",
+        "Read DCGM's message in the detail; converge the driver roles and rerun.",
+        DCGM_DIAG,
+    ),
+    "dcgm.diag.compute": Action(
+        "DCGM's stress or compute test failed (too low a stress level or performance, a CUDA "
+        "error under load).",
+        f"{_DRAIN}; rerun dcgmi diag -r 3; a GPU that fails again goes to RMA.",
+        DCGM_DIAG,
+    ),
+    "dcgm.diag.other": Action(
+        "A DCGM test this suite does not classify failed.",
+        "Read DCGM's message in the detail and the DCGM diagnostics guide for that test.",
+        DCGM_DIAG,
+    ),
+    "dcgm.diag.gpu_busy": Action(
+        "The DCGM diagnostic was not started: processes are using the GPUs (named in the "
+        "detail), and the diagnostic would disturb them and fail on them.",
+        "Validate again when the node is idle (drain it first to make it so).",
+        SUITE,
+    ),
     # Services.
     "node.services.inactive": Action(
         "A unit the node needs (containerd, kubelet, nvidia-persistenced, fabric manager) is "

@@ -365,8 +365,12 @@ THRESHOLDS_SCHEMA: dict[str, _Section] = {
         {**{f"{c}_per_h": _BandSpec(0, 1e12, "errors/h") for c in ERROR_COUNTERS},
          **{f"{c}_high": _Num(0, 2**64, integer=True, unit="errors") for c in ERROR_COUNTERS}},
         tuple(f"{c}_per_h" for c in ERROR_COUNTERS)),
+    # dcgm.diag: the levels run without --checks naming them (1 always runs), and each
+    # level's timeout (validate/checks/dcgm.py).
+    "dcgm": _Section({"levels": _List(_Num(1, 3, integer=True)), "r1_timeout_s": _TIMEOUT,
+                      "r2_timeout_s": _TIMEOUT, "r3_timeout_s": _TIMEOUT}),
 }
-_OPTIONAL_SECTIONS = ("nccl_pair", "timeouts", "ib_counters")
+_OPTIONAL_SECTIONS = ("nccl_pair", "timeouts", "ib_counters", "dcgm")
 _FIO_BANDS = ("seq_read_mibps", "seq_write_mibps", "randread_4k_iops")
 
 _HARDWARE: dict[str, _Num | _Text | _Flag] = {

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import fnmatch
 
-from validate.checks import fabric, gpu, nccl, node, storage
+from validate.checks import dcgm, fabric, gpu, nccl, node, storage
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict
 
 REGISTRY: dict[str, Check] = {
     c.id: c
     for c in sorted(
-        (*node.CHECKS, *gpu.CHECKS, *fabric.CHECKS, *storage.CHECKS, *nccl.CHECKS),
+        (*node.CHECKS, *gpu.CHECKS, *fabric.CHECKS, *storage.CHECKS, *nccl.CHECKS,
+         *dcgm.CHECKS),
         key=lambda c: (c.order, c.id),
     )
 }
@@ -43,11 +44,14 @@ def select(spec: str | None) -> tuple[Check, ...]:
     """Per-node checks matching ``spec`` (None: all), in run order. A spec that names no check
     (``""``, ``","``) or a pattern that matches none is an :class:`UnknownCheck`: a run of zero
     checks would exit 0 and look like a pass. A spec may name only multi-node checks (see
-    :func:`select_multi_node`): then no per-node check is selected."""
+    :func:`select_multi_node`): then no per-node check is selected. A check named by its exact
+    id runs as :meth:`Check.when_named` (an opt-in dcgm.diag level then runs)."""
     if spec is None:
         return tuple(REGISTRY.values())
-    chosen = {cid for pattern in _patterns(spec) for cid in fnmatch.filter(REGISTRY, pattern)}
-    return tuple(c for cid, c in REGISTRY.items() if cid in chosen)
+    patterns = _patterns(spec)
+    chosen = {cid for pattern in patterns for cid in fnmatch.filter(REGISTRY, pattern)}
+    return tuple(c.when_named() if cid in patterns else c
+                 for cid, c in REGISTRY.items() if cid in chosen)
 
 
 def select_multi_node(spec: str | None) -> tuple[str, ...]:

@@ -415,6 +415,11 @@ class Check(ABC):
         """Why this check does not apply to this node's profile (None: it applies)."""
         return None
 
+    def when_named(self) -> Check:
+        """This check as run when ``--checks`` names its id exactly (not by a pattern): an
+        opt-in check (dcgm.diag_r3) then runs whatever the profile says. Most checks: itself."""
+        return self
+
     def prefetch(self, ctx: NodeContext) -> None:
         """Start, with :meth:`NodeContext.prefetch`, a command this check will run, when it
         can run beside the checks before it (called when the node starts, for checks that

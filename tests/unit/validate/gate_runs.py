@@ -5,6 +5,8 @@ registry, judged by the checks' own ``judge_*`` functions:
 
 - 13 checks on real captures (tests/unit/validate/real_fleet.py's H100 captures, by node name);
 - ``node.services`` on ``systemctl is-active``'s answer for the four units (one state a line);
+- ``dcgm.diag`` on the real all-pass ``dcgmi diag`` JSON capture of 8 GPUs (DCGM 3.1.0); its
+  opt-in levels 2 and 3 are the skip rows a run without them writes;
 - ``nccl.allreduce`` on the 8x A100 single-node nccl-tests capture (no single-node H100
   capture exists), which is why the inventory lowers the pool's NCCL floor to it;
 - ``storage.checkpoint`` measured for real on this machine (the runner's local transport, 8
@@ -39,18 +41,20 @@ from validate import checks as check_registry
 from validate import runinfo
 from validate.checks import Verdict
 from validate.checks.base import ToolFailure, parsed
+from validate.checks.dcgm import judge_diag
 from validate.checks.gpu import judge_xid
 from validate.checks.nccl import judge_allreduce
 from validate.checks.node import expected_units, judge_services
 from validate.inventory import Node, load, profile_for
-from validate.model import CheckResult
-from validate.parsers import nccl, xid
+from validate.model import CheckResult, Status
+from validate.parsers import dcgmi_diag, nccl, xid
 from validate.report import write_report
 from validate.runner import run_node
 from validate.transport.local import LocalTransport
 
 POOL = "pool_h100_sxm"
 NCCL_CAPTURE = "nccl-tests/all_reduce_perf-8x-a100-sxm4-80gb-single-node-nccl2.16.2.txt"
+DCGM_CAPTURE = "dcgmi/diag-j-8gpu-dcgm3.1.0-pass-nulls-leading-warning.txt"
 
 
 def write_inventory(root: Path, hosts: Sequence[str], *, prefix: str, kubeconfig: Path,
@@ -99,6 +103,11 @@ def node_rows(fixtures_dir: Path, node: Node, run_id: str, time: str,
     run = parsed(nccl.parse_text, (fixtures_dir / NCCL_CAPTURE).read_text(), "all_reduce_perf")
     judged["nccl.allreduce"] = lambda: judge_allreduce(
         [run, run, run], profile.band("nccl.allreduce_busbw_gbps"))
+    diag = dcgmi_diag.parse((fixtures_dir / DCGM_CAPTURE).read_text())
+    judged["dcgm.diag"] = lambda: judge_diag(diag, 1)
+    for level in (2, 3):
+        judged[f"dcgm.diag_r{level}"] = lambda level=level: [Verdict(  # type: ignore[misc]
+            "", Status.SKIP, "ok", f"level {level} is opt-in")]
     if fault is not None:
         lines = "\n".join(xid_lines(fault, render_host("h100-sxm5-8x", node.name)))
         assert lines, f"the lab renders no kernel lines for {fault}"

@@ -21,6 +21,7 @@ EMITTERS = [
     *sorted((REPO_ROOT / "validate" / "checks").glob("*.py")),
     *sorted((REPO_ROOT / "validate" / "transport").glob("*.py")),
     REPO_ROOT / "validate" / "model.py",
+    REPO_ROOT / "validate" / "parsers" / "dcgmi_diag.py",
     REPO_ROOT / "validate" / "runner.py",
 ]
 # First segments of the suite's own codes; check codes start with "<check id>.".
@@ -100,11 +101,12 @@ def test_families_and_unknown_codes() -> None:
 
 def test_hardware_faults_are_the_ones_a_clean_run_does_not_clear() -> None:
     marked = sorted(code for code, action in ACTIONS.items() if action.hardware_fault)
-    assert marked == ["gpu.count.missing", "gpu.ecc.remap_failure",
-                      "nccl.allreduce.wrong_results"]
+    assert marked == ["dcgm.diag.memory", "dcgm.diag.row_remap_failed", "gpu.count.missing",
+                      "gpu.ecc.remap_failure", "nccl.allreduce.wrong_results"]
     xids = sorted(x for x in xid_catalog.XID_CATALOG if is_hardware_fault(f"gpu.xid.{x}"))
     assert xids == [64, 79]  # fallen off the bus; row remapping failed
     # Faults a GPU reset clears stay ordinary failures: the next clean run re-admits.
     for code in ("gpu.ecc.uncorrectable", "gpu.ecc.remap_pending", "gpu.xid.48", "gpu.xid.95",
+                 "dcgm.diag.row_remap_pending", "dcgm.diag.pcie",
                  "host.unreachable", "no.such.code"):
         assert not is_hardware_fault(code), code

@@ -74,6 +74,9 @@ def test_registry_has_every_issue_check() -> None:
         "fabric.ib",
         "fabric.ib_counters",
         "node.services",
+        "dcgm.diag",
+        "dcgm.diag_r2",
+        "dcgm.diag_r3",
     }
     assert [c.id for c in select("gpu.c*,nccl.*")] == ["gpu.count", "nccl.allreduce"]
     # long benchmarks run last

@@ -508,10 +508,11 @@ def test_a_node_that_stops_answering_costs_one_timeout_and_exits_3(
     assert set(gone["code"]) == {"host.unresponsive"}, gone[["check", "code", "detail"]]
     assert "stopped answering commands" in gone["detail"].iloc[0]
     assert set(rows["node"]) == {"gone", "fine"}
-    # One command (and the kernel log read beside it) timed out, and the probe sent before
-    # that timeout fired: three requests, and one timeout of time (the client's backstop
-    # included: this peer fakes the node's own `timeout`).
-    assert len(sent) == 3 and sent[-1].endswith(" true"), sent
+    # One command (and the kernel log read and dcgm.diag's GPU-process query beside it) timed
+    # out, and the probe sent before that timeout fired: four requests, and one timeout of time
+    # (the client's backstop included: this peer fakes the node's own `timeout`).
+    assert len(sent) == 4 and sent[-1].endswith(" true"), sent
+    assert any("--query-compute-apps" in s for s in sent), sent
     print(f"\nnode that stopped answering: reported in {took:.1f} s (timeout {timeout_s:g} s, "
           f"probe {step_s:g} s, backstop {backstop_s:g} s)", file=sys.__stderr__)
     assert took < timeout_s + backstop_s + step_s + 2, took
