@@ -46,8 +46,21 @@ def admin_kubeconfig(paths: LabPaths) -> Path:
     return paths.run / "kube" / "admin.conf"
 
 
-def audit_log(paths: LabPaths) -> Path:
+def audit_log(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...] = ()) -> Path:
+    """The API server's audit log: the real one's in its host (given the fleet's ``hosts``),
+    else the stand-in's."""
+    cp = _real(hosts)
+    if cp is not None:
+        return cluster.audit_log(paths, cp)
     return state_dir(paths) / "audit.log"
+
+
+def running(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...]) -> bool:
+    """Whether the fleet's API server (real or stand-in) is up."""
+    cp = _real(hosts)
+    if cp is not None:
+        return hosts_running(paths, cp) and cluster.is_active(paths, cp)
+    return pid(paths) is not None
 
 
 def control_plane(hosts: list[LabHost] | tuple[LabHost, ...]) -> LabHost | None:
@@ -109,7 +122,7 @@ def provision(paths: LabPaths, hosts: list[LabHost]) -> None:
                           build.read_go_mod().kubernetes_version)
         for host in hosts:
             if host.kind != CONTROL_PLANE:
-                node.provision(paths.host_dir(host.name) / "merged")
+                node.provision(paths.host_dir(host.name) / "merged", host.address)
         return
     ca_pem = (state_dir(paths) / "pki" / "ca.crt").read_bytes()
     admin = admin_kubeconfig(paths).read_text()
@@ -159,6 +172,7 @@ def start(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...]) -> int | 
     if cp.kubernetes == REAL:  # again, after stop(); before `boot` there is nothing to start
         if admin_kubeconfig(paths).exists() and not cluster.is_active(paths, cp):
             cluster.systemctl(paths, cp, "start", "kube-apiserver")
+            cluster.wait_ready(paths, cp, time.monotonic() + BOOT_TIMEOUT_S)
         return None
     running = pid(paths)
     if running is not None:

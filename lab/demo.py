@@ -1,11 +1,12 @@
 """`make demo`: the whole pipeline on the lab, ending with the cluster and the report.
 
 Boots the demo fleet (one healthy host per pool, one with three injected faults, and the control
-plane cp1 with the SIMULATED API server), runs `playbooks/site.yml` on it (bootstrap, join the
-cluster tainted, validate, gate), shows the Nodes as `kubectl get nodes --show-labels` lists
-them and prints where the report is. The lab stays up so you can look around; `make lab-down`
-stops it. Run again while that lab is up, it runs the pipeline on the same hosts: a converged
-host has nothing to change, and the validators and the gate judge it again.
+plane cp1: real Kubernetes built from source, set up by the real kubeadm), runs
+`playbooks/site.yml` on it (bootstrap, join the cluster tainted, validate, gate), shows the
+Nodes as `kubectl get nodes --show-labels` lists them and prints where the report is. The lab
+stays up so you can look around; `make lab-down` stops it. Run again while that lab is up, it
+runs the pipeline on the same hosts: a converged host has nothing to change, and the validators
+and the gate judge it again.
 """
 
 from __future__ import annotations

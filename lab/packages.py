@@ -7,7 +7,11 @@ matter, key file names, each with its public source): a Debian 12 lab host sees 
 package sets exist in the facts but are served to no lab host (no lab host claims Ubuntu).
 
 Only what vendor repositories carry is simulated (NVIDIA driver, fabric manager, NCCL, the
-container toolkit, kubelet/kubeadm/kubectl) plus a site repository (nccl-tests, MLNX ibstat).
+container toolkit) plus a site repository (nccl-tests, MLNX ibstat). Kubernetes is not:
+kubelet, kubeadm and kubectl are the binaries lab/kube/build.py builds from Kubernetes' sources,
+packaged as pkgs.k8s.io packages them (names, ``<upstream>-1.1`` versions, relations from the
+facts, the kubelet unit, ``/etc/default/kubelet`` and kubeadm's drop-in from
+``tests/fixtures/kube-packaging``, the files of kubernetes/release's krel templates).
 Each binary is a thin wrapper that execs a simulator from ``/opt/gpuready-lab/sim``
 (bind-mounted into every lab host) with the package's upstream version in
 ``GPUREADY_SIM_VERSION``, so the tool reports the version that apt installed. Every description
@@ -39,6 +43,8 @@ class File:
     path: str
     content: str
     mode: int = 0o644
+    source: str = ""  # a file on this machine (a built binary) copied instead of ``content``
+    link: str = ""  # a symbolic link to this target instead of a file
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,10 @@ class Package:
     arch: str = "amd64"
     section: str = "non-free/libs"
     extra: dict[str, str] = field(default_factory=dict)
+    conffiles: tuple[str, ...] = ()
+    # Not a simulator: real software the lab built (its description says so instead).
+    built: str = ""
+    compression: str = "gzip"
 
     @property
     def upstream(self) -> str:
@@ -74,6 +84,9 @@ class Package:
             if values:
                 lines.append(f"{key}: {', '.join(values)}")
         lines += [f"{k}: {v}" for k, v in self.extra.items()]
+        if self.built:
+            lines.append(f"Description: {self.summary}")
+            return "\n".join(lines) + "\n" + self.built
         lines.append(f"Description: {self.summary} (gpuready lab simulator)")
         return "\n".join(lines) + "\n" + LAB_NOTE
 
@@ -156,31 +169,14 @@ STARTING_TCP_PORT=16000
 FABRIC_MODE=0
 """
 
-KUBELET_UNIT = """[Unit]
-Description=kubelet: The Kubernetes Node Agent (gpuready lab simulator)
-Documentation=https://kubernetes.io/docs/
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-ExecStart=/usr/bin/kubelet
-Restart=always
-StartLimitInterval=0
-RestartSec=10
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-KUBEADM_DROPIN = """# Note: This dropin only works with kubeadm and kubelet v1.11+
-[Service]
-Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
-Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
-EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
-EnvironmentFile=-/etc/default/kubelet
-ExecStart=
-ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
-"""  # noqa: E501 (the real drop-in's line)
+KUBE_PACKAGING = REPO_ROOT / "tests" / "fixtures" / "kube-packaging"
+BUILT_NOTE = (
+    " Built from Kubernetes' sources by the gpuready lab (lab/kube/build.py), packaged as\n"
+    " pkgs.k8s.io packages it; not signed or published by the Kubernetes project.\n"
+)
+# Debian's CNI plugins where the kubernetes-cni package puts its own (/opt/cni/bin, containerd's
+# default bin_dir): the plugins of the real package are a download this machine cannot make.
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 
 FACTS_FILE = REPO_ROOT / "tests" / "fixtures" / "vendor-repos" / "facts.yml"
 # The OSes lab hosts run, whose CUDA repository directories the lab serves.
@@ -189,7 +185,7 @@ LAB_OSES = ("debian-12", "debian-13")
 # the lab's is the lab's URL (as a site mirror keeps the layout).
 CUDA_ROOT = "compute/cuda/repos"
 TOOLKIT_ROOT = "libnvidia-container"
-KUBERNETES_MINOR = "1.30"
+KUBERNETES_MINOR = "1.37"  # the release lab/kube/build.py builds
 EXTRAS = "extras"
 # nccl-tests: -J (JSON output) exists from 2.17 on; the older build is for pin moves.
 NCCL_TESTS = ("2.13.10", "2.17.1")
@@ -371,39 +367,65 @@ def _toolkit_packages() -> list[Package]:
     return pkgs
 
 
-def _kubernetes_packages() -> list[Package]:
+@functools.cache
+def _kubernetes_packages() -> tuple[Package, ...]:
+    """pkgs.k8s.io's repository for the built release: kubelet, kubeadm, kubectl as krel's
+    templates package them, and the companions the repository carries."""
+    from lab.kube import build  # noqa: PLC0415 (the build is waited for only here)
+
     minor = facts()["repositories"]["kubernetes"]["minors"][KUBERNETES_MINOR]
     repo = kubernetes_path()
     companions = {c["name"]: c["version"] for c in minor["companions"]}
-    pkgs: list[Package] = []
-    for release in minor["releases"]:
-        upstream = release["upstream"]
-        version = _render(minor["package_version"], upstream=upstream)
-        pkgs += [
-            Package(repo, "kubelet", version, "Node agent for Kubernetes clusters",
-                    depends=("kubernetes-cni (>= 1.1.1)",),
-                    files=(_bin("/usr/bin/kubelet", "kubelet", "daemons.py", upstream),
-                           File("/lib/systemd/system/kubelet.service", KUBELET_UNIT)),
-                    postinst=RELOAD),
-            Package(repo, "kubeadm", version, "Command-line utility for administering a "
-                    "Kubernetes cluster", depends=("cri-tools (>= 1.28.0)",),
-                    files=(_bin("/usr/bin/kubeadm", "kubeadm", "k8s.py", upstream),
-                           File("/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf",
-                                KUBEADM_DROPIN))),
-            Package(repo, "kubectl", version, "Command-line utility for interacting with a "
-                    "Kubernetes cluster",
-                    files=(_bin("/usr/bin/kubectl", "kubectl", "k8s.py", upstream),)),
-        ]
-    pkgs += [
+    built = build.read_go_mod().kubernetes_version.lstrip("v")
+    releases = [r["upstream"] for r in minor["releases"]]
+    if built not in releases:
+        raise ValueError(f"lab/kube/go.mod builds Kubernetes {built}, which the facts do not "
+                         f"list for v{KUBERNETES_MINOR} ({', '.join(releases)})")
+    bin_dir = build.ensure_built()
+    relations = minor.get("relations", [])
+    version = _render(minor["package_version"], upstream=built)
+
+    def rel(name: str) -> tuple[str, ...]:
+        return tuple(d for d in _relations(relations, name, version) if d)
+
+    def binary(name: str) -> File:
+        return File(f"/usr/bin/{name}", "", 0o755, source=str(bin_dir / name))
+
+    # kubeadm.spec: the drop-in's /etc/sysconfig/kubelet becomes /etc/default/kubelet in a deb.
+    dropin = (KUBE_PACKAGING / "10-kubeadm.conf").read_text().replace(
+        "/etc/sysconfig/kubelet", "/etc/default/kubelet")
+    common: dict[str, Any] = {"built": BUILT_NOTE, "compression": "none"}
+    pkgs = [
+        Package(repo, "kubelet", version, "Node agent for Kubernetes clusters",
+                depends=rel("kubelet"), section="net",
+                files=(binary("kubelet"),
+                       File("/usr/lib/systemd/system/kubelet.service",
+                            (KUBE_PACKAGING / "kubelet.service").read_text()),
+                       File("/etc/default/kubelet", (KUBE_PACKAGING / "kubelet.env").read_text()),
+                       File("/var/lib/kubelet/.kubelet-keep", ""),
+                       File("/etc/kubernetes/manifests/.kubelet-keep", "")),
+                conffiles=("/etc/default/kubelet",), postinst=RELOAD, **common),
+        Package(repo, "kubeadm", version, "Command-line utility for administering a "
+                "Kubernetes cluster", depends=rel("kubeadm"), section="admin",
+                files=(binary("kubeadm"),
+                       File("/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf", dropin)),
+                postinst=RELOAD, **common),
+        Package(repo, "kubectl", version, "Command-line utility for interacting with a "
+                "Kubernetes cluster", depends=rel("kubectl"), section="admin",
+                files=(binary("kubectl"),), **common),
         Package(repo, "cri-tools", companions["cri-tools"],
                 "Command-line utility for interacting with a container runtime",
                 files=(_doc("cri-tools", "crictl is not included"),)),
         Package(repo, "kubernetes-cni", companions["kubernetes-cni"],
                 "Binaries required to provision kubernetes container networking",
-                files=(File("/opt/cni/bin/README.gpuready-lab",
-                            "Simulated package: no CNI plugins are included.\n"),)),
+                # The lab's relation: Debian's plugins, linked where this package puts its own.
+                depends=("containernetworking-plugins",), section="net",
+                built=(" Made by the gpuready lab: Debian's containernetworking-plugins linked\n"
+                       " where the real package installs the CNI plugins (/opt/cni/bin).\n"),
+                files=tuple(File(f"/opt/cni/bin/{plugin}", "", link=f"/usr/lib/cni/{plugin}")
+                            for plugin in CNI_PLUGINS)),
     ]
-    return pkgs
+    return tuple(pkgs)
 
 
 def _site_packages() -> list[Package]:
@@ -429,4 +451,4 @@ def all_packages() -> list[Package]:
     pkgs: list[Package] = []
     for os_key in LAB_OSES:
         pkgs += _cuda_packages(os_key)
-    return pkgs + _toolkit_packages() + _kubernetes_packages() + _site_packages()
+    return pkgs + _toolkit_packages() + list(_kubernetes_packages()) + _site_packages()

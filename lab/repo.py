@@ -1,7 +1,7 @@
 """The lab package repository: flat apt repositories, signed with a lab key, served on loopback.
 
 The layout mirrors the vendors' URL paths (``compute/cuda/repos/debian12/x86_64/``,
-``libnvidia-container/stable/deb/amd64/``, ``core:/stable:/v1.30/deb/``; flat repositories, as
+``libnvidia-container/stable/deb/amd64/``, ``core:/stable:/v1.37/deb/``; flat repositories, as
 the real ones are), so the roles run the same apt path with only the host swapped, as for a
 site mirror. Each repository directory holds ``Packages``, ``Release``, ``InRelease``; the lab's
 one signing key is published, ASCII-armored, under each vendor's key file name (``3bf863cc.pub``,
@@ -76,13 +76,21 @@ def _build_deb(pkg: Package, out_dir: Path) -> None:
         if pkg.postinst:
             (debian / "postinst").write_text(pkg.postinst)
             (debian / "postinst").chmod(0o755)
+        if pkg.conffiles:
+            (debian / "conffiles").write_text("".join(f"{c}\n" for c in pkg.conffiles))
         for f in pkg.files:
             target = root / f.path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(f.content)
+            if f.link:
+                target.symlink_to(f.link)
+                continue
+            if f.source:
+                shutil.copyfile(f.source, target)
+            else:
+                target.write_text(f.content)
             target.chmod(f.mode)
         deb = out_dir / f"{pkg.name}_{pkg.version.replace(':', '%3a')}_{pkg.arch}.deb"
-        proc = subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build",
+        proc = subprocess.run(["dpkg-deb", "--root-owner-group", f"-Z{pkg.compression}", "--build",
                                str(root), str(deb)], capture_output=True, text=True,
                               check=False)
         if proc.returncode != 0:

@@ -59,6 +59,16 @@ SERVICE_SUBNET = "10.96.0.0/12"
 
 BIN_IN_HOST = "/opt/gpuready-lab/kube/bin"
 KUBEADM_CONFIG = "/etc/kubernetes/gpuready-lab/kubeadm.yaml"
+# The API server's audit log: writes to Node objects (not their status, which kubelets send
+# every few seconds), so tests can count who patched a Node, as an auditor would.
+AUDIT_POLICY = "/etc/kubernetes/gpuready-lab/audit-policy.yaml"
+AUDIT_LOG = "/var/log/kubernetes/audit.log"
+AUDIT_POLICY_DOC = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "resources": [{"group": "", "resources": ["nodes"]}],
+               "verbs": ["create", "update", "patch", "delete"]},
+              {"level": "None"}],
+}
 MANIFESTS = "/etc/kubernetes/manifests"
 SUPER_ADMIN = "/etc/kubernetes/super-admin.conf"
 CONTROLLER_MANAGER_CONF = "/etc/kubernetes/controller-manager.conf"
@@ -127,6 +137,8 @@ def kubeadm_config(cp: LabHost, version: str) -> str:
             "extraArgs": [
                 {"name": "bind-address", "value": addr},
                 {"name": "etcd-servers", "value": etcd_client},
+                {"name": "audit-policy-file", "value": AUDIT_POLICY},
+                {"name": "audit-log-path", "value": AUDIT_LOG},
             ],
         },
         "controllerManager": {"extraArgs": [{"name": "bind-address", "value": addr}]},
@@ -169,6 +181,8 @@ def provision(root: Path, cp: LabHost, version: str) -> None:
     config = root / KUBEADM_CONFIG.lstrip("/")
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(kubeadm_config(cp, version))
+    (root / AUDIT_POLICY.lstrip("/")).write_text(yaml.safe_dump(AUDIT_POLICY_DOC, sort_keys=False))
+    (root / AUDIT_LOG.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
 
 
 def _systemd_quote(arg: str) -> str:
@@ -187,7 +201,11 @@ def unit_from_manifest(component: Component, manifest: dict[str, Any]) -> str:
     command = [str(c) for c in containers[0]["command"]]
     # The image's binary, by name in the manifest; here the built one under /usr/local/bin.
     command[0] = f"/usr/local/bin/{Path(command[0]).name}"
-    after = f"After={component.after}\nWants={component.after}\n" if component.after else ""
+    # Ordered after, not wanting, the component it needs: every unit is enabled, and a Wants=
+    # made each restart of the controller manager (it exits when it loses the API server)
+    # start the API server again, cancelling a `systemctl stop kube-apiserver` in progress
+    # ("Job for kube-apiserver.service canceled").
+    after = f"After={component.after}\n" if component.after else ""
     return (
         "# Written by the gpuready lab from kubeadm's static Pod manifest\n"
         f"# {MANIFESTS}/{component.name}.yaml (no kubelet runs on the lab's control plane).\n"
@@ -215,6 +233,11 @@ def _kubeadm(paths: LabPaths, cp: LabHost, *phase: str, kubeconfig: str = "") ->
     flags = ["--kubeconfig", kubeconfig] if kubeconfig else []
     return _exec(paths, cp, ["kubeadm", "init", "phase", *phase, "--config", KUBEADM_CONFIG,
                              *flags], f"kubeadm init phase {' '.join(phase)}")
+
+
+def audit_log(paths: LabPaths, cp: LabHost) -> Path:
+    """The API server's audit log, seen from this machine (while its host runs)."""
+    return paths.host_dir(cp.name) / "merged" / AUDIT_LOG.lstrip("/")
 
 
 def admin_kubeconfig(paths: LabPaths) -> Path:

@@ -21,10 +21,22 @@ at every boot, before containerd and the kubelet, and gives the host:
   read-only in a host (``Failed to start ContainerManager" err="[open
   /proc/sys/kernel/panic_on_oops: read-only file system, ...]``), so the host is shown a file
   with the value a node would have over each: SIMULATED, and only what the kubelet reads.
+
+Two more things a cluster's add-ons would give a node, which the lab puts in the host itself:
+
+- a CNI configuration (``/etc/cni/net.d/10-gpuready-lab.conflist``), standing in for the
+  cluster's network add-on: a bridge with host-local addresses from Debian's
+  containernetworking-plugins (which the lab's kubernetes-cni package links into /opt/cni/bin).
+  Without one containerd reports ``NetworkReady=false`` and the Node never turns Ready. Each
+  host gets its own pod subnet; no pod is scheduled in the lab, so no traffic crosses it.
+- a SIMULATED GPU Feature Discovery (``gpuready-lab-gfd.service``, lab/sim/daemons.py): once the
+  host has joined, it puts GFD's labels (from the host's simulated hardware) on its Node with the
+  kubelet's credentials, as the GPU Operator's GFD pod would with its own.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 UNIT_NAME = "gpuready-lab-kubelet-host.service"
@@ -37,6 +49,23 @@ KUBELET_SYSCTLS = {
     "kernel/panic": "10",
     "kernel/panic_on_oops": "1",
 }
+
+CNI_CONFIG = "/etc/cni/net.d/10-gpuready-lab.conflist"
+GFD_UNIT_NAME = "gpuready-lab-gfd.service"
+GFD_UNIT = """\
+[Unit]
+Description=GPU Feature Discovery (SIMULATED by the gpuready lab, from the simulated hardware)
+After=kubelet.service
+
+[Service]
+Environment=GPUREADY_SIM_TOOL=gpu-feature-discovery
+ExecStart=/usr/bin/python3 /opt/gpuready-lab/sim/daemons.py
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 UNIT = f"""\
 [Unit]
@@ -79,16 +108,37 @@ done
 """
 
 
-def provision(root: Path) -> None:
-    """Install the unit in a host's (not yet booted) overlay."""
+def cni_config(address: str) -> str:
+    """The lab's network add-on for one host: a bridge, its own /24 of the pod network."""
+    subnet = f"10.244.{int(address.rsplit('.', 1)[1])}.0/24"
+    return json.dumps({
+        "cniVersion": "1.0.0", "name": "gpuready-lab",
+        "plugins": [{"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
+                     "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]]}},
+                    {"type": "portmap", "capabilities": {"portMappings": True}}],
+    }, indent=2) + "\n"
+
+
+def _enable(units: Path, name: str, target: str) -> None:
+    wants = units / f"{target}.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / name
+    if not link.is_symlink():
+        link.symlink_to(f"/etc/systemd/system/{name}")
+
+
+def provision(root: Path, address: str) -> None:
+    """Install the units and the CNI configuration in a host's (not yet booted) overlay."""
     script_path = root / SCRIPT.lstrip("/")
     script_path.parent.mkdir(parents=True, exist_ok=True)
     script_path.write_text(script())
     script_path.chmod(0o755)
     units = root / "etc/systemd/system"
+    units.mkdir(parents=True, exist_ok=True)
     (units / UNIT_NAME).write_text(UNIT)
-    wants = units / "sysinit.target.wants"
-    wants.mkdir(parents=True, exist_ok=True)
-    link = wants / UNIT_NAME
-    if not link.is_symlink():
-        link.symlink_to(f"/etc/systemd/system/{UNIT_NAME}")
+    _enable(units, UNIT_NAME, "sysinit.target")
+    (units / GFD_UNIT_NAME).write_text(GFD_UNIT)
+    _enable(units, GFD_UNIT_NAME, "multi-user.target")
+    cni = root / CNI_CONFIG.lstrip("/")
+    cni.parent.mkdir(parents=True, exist_ok=True)
+    cni.write_text(cni_config(address))

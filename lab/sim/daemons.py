@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """gpuready lab simulator: long-running daemons behind systemd units.
 
-One script, three daemons, picked by env GPUREADY_SIM_TOOL (the package version is env
-GPUREADY_SIM_VERSION): nvidia-persistenced, nv-fabricmanager and kubelet. Each names its
+One script, four daemons, picked by env GPUREADY_SIM_TOOL (the package version is env
+GPUREADY_SIM_VERSION): nvidia-persistenced, nv-fabricmanager, kubelet and, beside a real
+kubelet, gpu-feature-discovery (see gpu_feature_discovery). Each names its
 process like the real one (prctl PR_SET_NAME; the kernel keeps 15 bytes of comm, so
 /proc/<pid>/comm reads `nvidia-persiste`, `nv-fabricmanage`, `kubelet`, exactly as the real
 binaries show), logs that it is the simulator, and exits 0 on SIGTERM/SIGINT.
@@ -508,10 +509,52 @@ def kubelet(args: list[str]) -> int:
     return 0
 
 
+def gpu_feature_discovery(args: list[str]) -> int:
+    """SIMULATED GPU Feature Discovery beside a real kubelet (fleets with ``kubernetes: real``):
+    once the host has joined, GFD's labels from the simulated hardware go on its Node, with the
+    kubelet's credentials (NodeRestriction lets a kubelet set nvidia.com/ labels on its own
+    Node), whenever they differ from what the Node has."""
+    del args
+    set_process_name("gpu-feature-dis")
+    _install_signals()
+    import kubeclient  # noqa: PLC0415
+
+    interval = float(os.environ.get("GPUREADY_SIM_GFD_INTERVAL", "5"))
+    conf = _root(KUBELET_CONF)
+    print(f"{SIMULATOR}: GPU Feature Discovery (SIMULATED), waiting for {KUBELET_CONF}",
+          flush=True)
+    said = ""
+    while not _stop.wait(interval):
+        if not conf.exists():
+            continue
+        name = _node_name()
+        try:
+            client = kubeclient.kubeconfig_client(conf)
+            node = client.request("GET", f"/api/v1/nodes/{name}")
+            hw, faults = _load()
+            current = {k: v for k, v in (node["metadata"].get("labels") or {}).items()
+                       if k.startswith(GFD_PREFIX) and k != "nvidia.com/gfd.timestamp"}
+            wanted = gfd_labels(hw, faults, _module_version(), int(time.time()))
+            if current != {k: v for k, v in wanted.items() if k != "nvidia.com/gfd.timestamp"}:
+                stale = {k: None for k in current if k not in wanted}
+                client.request("PATCH", f"/api/v1/nodes/{name}",
+                               {"metadata": {"labels": {**stale, **wanted}}},
+                               "application/strategic-merge-patch+json")
+                print(f"{SIMULATOR}: GPU Feature Discovery labels set on Node {name} "
+                      f"(gpu.count {wanted.get('nvidia.com/gpu.count', '0')})", flush=True)
+            said = ""
+        except (kubeclient.ApiFailure, OSError, KeyError) as exc:
+            if str(exc) != said:  # once per distinct failure (no Node yet, API down, ...)
+                print(f"{SIMULATOR}: GPU Feature Discovery: {exc}", flush=True)
+                said = str(exc)
+    return 0
+
+
 DAEMONS = {
     "nvidia-persistenced": persistenced,
     "nv-fabricmanager": fabricmanager,
     "kubelet": kubelet,
+    "gpu-feature-discovery": gpu_feature_discovery,
 }
 
 

@@ -339,7 +339,7 @@ def test_a_source_written_without_its_update_is_read_before_installing(
         "set -e; rm -f /var/lib/apt/lists/*core:_stable:*; sleep 1; "
         "touch /etc/apt/sources.list.d/gpuready-kubernetes.sources; "
         "apt-mark unhold kubectl >/dev/null; dpkg --purge kubectl >/dev/null; "
-        "apt-cache madison kubectl | grep -c ' 1.30.5-1.1 ' || true"))
+        "apt-cache madison kubectl | grep -c ' 1.37.2-1.1 ' || true"))
     assert proc.returncode == 0, proc.stderr
     # The pinned version is not installable without an update (Debian 13 has a kubectl of its
     # own, which the pins keep out).
@@ -351,7 +351,7 @@ def test_a_source_written_without_its_update_is_read_before_installing(
     assert [(r.get("changed"), r.get("cache_updated")) for r in installs] == [(True, True)]
     # Back at its pin, held.
     proc = ssh(lab.address(host), "dpkg-query -W -f='${Version} ${db:Status-Abbrev}' kubectl")
-    assert proc.stdout.split() == ["1.30.5-1.1", "hi"], proc.stdout
+    assert proc.stdout.split() == ["1.37.2-1.1", "hi"], proc.stdout
 
 
 def test_hand_edited_files_are_reported_and_put_back(

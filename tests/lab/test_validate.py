@@ -66,7 +66,7 @@ TREE = ("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run 
 PROVISION = """
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y -qq nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \\
-  nvidia-persistenced=550.90.07-1 nccl-tests=2.17.1-1 kubelet=1.30.5-1.1 containerd fio \\
+  nvidia-persistenced=550.90.07-1 nccl-tests=2.17.1-1 kubelet=1.37.2-1.1 containerd fio \\
   {extra} >/dev/null
 systemctl enable --now nvidia-persistenced containerd {units} >/dev/null 2>&1
 systemctl enable kubelet >/dev/null 2>&1
@@ -81,7 +81,7 @@ def _provision(paths: LabPaths, state: LabState) -> None:
         extra = ("nvidia-fabricmanager-550=550.90.07-1 "
                  "infiniband-diags=2410mlnx54-1.2410068") if nvswitch else ""
         script = lab_apt_sources(state.repo_port, DEBIAN12_CUDA, "extras",
-                                 "core:/stable:/v1.30/deb") + PROVISION.format(
+                                 "core:/stable:/v1.37/deb") + PROVISION.format(
             extra=extra, units="nvidia-fabricmanager" if nvswitch else "")
         proc = ssh(host.address, script, timeout=600)
         return host.name, proc.returncode, proc.stderr[-2000:]

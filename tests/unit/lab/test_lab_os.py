@@ -95,3 +95,24 @@ def test_lab_inventory_pins_debian_13_apart() -> None:
     pinned = [k for k in everyone if k.endswith("_repo_key_fingerprint")]
     assert len(pinned) == 4
     assert {everyone[k] for k in pinned} == {"{{ gpuready_lab_repo_key_fingerprint }}"}
+
+
+def test_real_kubernetes_fleets_get_the_lab_join_settings_from_the_lab_not_the_roles(
+        tmp_path: Path) -> None:
+    """What a real kubeadm join needs of this machine (a shared network namespace, its kernel)
+    is the generated inventory's, for fleets with `kubernetes: real` only; the role's defaults
+    keep every preflight check and the kubelet's own settings."""
+    paths = LabPaths(tmp_path)
+    real = inventory.render(paths, fleet.load_fleet("cluster"), 18084)
+    node1 = real["all"]["children"]["gpu_nodes"]["children"]["pool_h100_sxm"]["hosts"]["node1"]
+    assert node1["node_join_kubelet_configuration"] == {
+        "address": node1["ansible_host"], "healthzBindAddress": node1["ansible_host"]}
+    assert "Port-10250" in real["all"]["vars"]["node_join_ignore_preflight_errors"]
+    cp1 = real["all"]["children"]["kube_control_plane"]["hosts"]["cp1"]
+    assert "node_join_kubelet_configuration" not in cp1
+    plain = inventory.render(paths, fleet.load_fleet("mixed"), 18084)
+    assert "node_join_ignore_preflight_errors" not in plain["all"]["vars"]
+    defaults = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "node_join"
+                               / "defaults" / "main.yml").read_text())
+    assert defaults["node_join_ignore_preflight_errors"] == []
+    assert defaults["node_join_kubelet_configuration"] == {}

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from lab.packages import KUBERNETES_MINOR
 from tests.conftest import REPO_ROOT
 
 VENDOR = REPO_ROOT / "tests" / "fixtures" / "vendor-repos"
@@ -228,12 +229,19 @@ def test_lab_toolkit_and_kubernetes_repositories_follow_their_facts(
                 wanted = _render(relation["depends"], version=stanza["Version"])
                 assert wanted in [d.strip() for d in stanza["Depends"].split(",")]
     k8s = REPOS["kubernetes"]
-    minor = k8s["minors"]["1.30"]
-    served = _served(root, _render(k8s["directory"], minor="1.30"))
+    minor = k8s["minors"][KUBERNETES_MINOR]
+    served = _served(root, _render(k8s["directory"], minor=KUBERNETES_MINOR))
     wanted = {(name, _render(minor["package_version"], upstream=r["upstream"]))
               for name in minor["packages"] for r in minor["releases"]}
     wanted |= {(c["name"], c["version"]) for c in minor["companions"]}
     assert {(p["Package"], p["Version"]) for p in served} == wanted
+    for stanza in served:
+        depends = [d.strip() for d in stanza.get("Depends", "").split(",") if d.strip()]
+        for relation in minor["relations"]:
+            if relation["package"] == stanza["Package"] and relation["depends"]:
+                assert relation["depends"] in depends, stanza
+        if stanza["Package"] == "kubeadm":  # from 1.32 on, none
+            assert depends == [], stanza
 
 
 def _fingerprints(keyfile: Path, tmp_path: Path) -> list[str]:
@@ -249,7 +257,7 @@ def test_lab_publishes_its_key_under_the_vendors_key_file_names(
     keys = [f"compute/cuda/repos/{CUDA[o]['directory']}/{CUDA[o]['key']['file']}"
             for o in LAB_OSES]
     keys += [f"libnvidia-container/{REPOS['nvidia-container-toolkit']['key']['file']}",
-             f"{_render(REPOS['kubernetes']['directory'], minor='1.30')}/"
+             f"{_render(REPOS['kubernetes']['directory'], minor=KUBERNETES_MINOR)}/"
              f"{REPOS['kubernetes']['key']['file']}", "extras/keyring.asc"]
     tmp_path.chmod(0o700)
     for key in keys:
