@@ -112,7 +112,7 @@ def test_real_kubernetes_fleets_get_the_lab_join_settings_from_the_lab_not_the_r
     assert "node_join_kubelet_configuration" not in cp1
     plain = inventory.render(paths, fleet.load_fleet("mixed"), 18084)
     assert "node_join_ignore_preflight_errors" not in plain["all"]["vars"]
-    defaults = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "node_join"
+    defaults = yaml.safe_load((Path(__file__).resolve().parents[3] / "roles" / "node_join"
                                / "defaults" / "main.yml").read_text())
     assert defaults["node_join_ignore_preflight_errors"] == []
     assert defaults["node_join_kubelet_configuration"] == {}

@@ -268,11 +268,22 @@ def _ssh_of(fleet: Fleet) -> set[int]:
 
 
 def test_ctrl_c_while_starting_is_one_line_and_exit_130() -> None:
+    # The command is short: on an idle machine it can finish between the poll that sees it
+    # importing and the signal. Such a try proves nothing either way and is made again.
+    for _ in range(5):
+        proc, stdout, stderr = _interrupt_while_starting()
+        if not (proc.returncode == 0 and stdout):
+            break
+    assert (proc.returncode, stdout, stderr) == (ExitCode.INTERRUPTED, "", "interrupted\n")
+
+
+def _interrupt_while_starting() -> tuple[subprocess.Popen[str], str, str]:
+    """`validate checks` sent SIGINT while it imports; the process and its output."""
     proc = subprocess.Popen([sys.executable, "-m", "validate", "checks"], cwd=REPO_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # pandas' compiled modules are loaded early in the suite's import, which goes on for
-        # about a second more (Ansible, the report, the Kubernetes client).
+        # a while more (Ansible, the Kubernetes client).
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             maps = Path(f"/proc/{proc.pid}/maps")
@@ -285,7 +296,7 @@ def test_ctrl_c_while_starting_is_one_line_and_exit_130() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert (proc.returncode, stdout, stderr) == (ExitCode.INTERRUPTED, "", "interrupted\n")
+    return proc, stdout, stderr
 
 
 def _adhoc(fleet: Fleet, private: Path, **trust: Any) -> Any:
