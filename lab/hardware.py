@@ -71,6 +71,8 @@ FAULTS: dict[str, str] = {
     "join-fails": "the cluster's API server refuses the host's kubeadm join (admission denial)",
     "gfd-mismatch": "GPU Feature Discovery labels the node with another GPU product",
     "gpu-busy": "a GPU job holds GPU 0: nvidia-smi --query-compute-apps lists its process",
+    "gpu-memory-fail": "GPU 0's memory fails DCGM's memory test under load (a miscompare, dcgmi "
+                       "diag -r 2 and up); nvidia-smi shows nothing",
 }
 
 

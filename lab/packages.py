@@ -6,8 +6,8 @@ matter, key file names, each with its public source): a Debian 12 lab host sees 
 ``debian12`` repository carries and a Debian 13 host what ``debian13`` carries. Ubuntu-shaped
 package sets exist in the facts but are served to no lab host (no lab host claims Ubuntu).
 
-Only what vendor repositories carry is simulated (NVIDIA driver, fabric manager, NCCL, the
-container toolkit, kubelet/kubeadm/kubectl) plus a site repository (nccl-tests, MLNX ibstat).
+Only what vendor repositories carry is simulated (NVIDIA driver, fabric manager, NCCL, DCGM,
+the container toolkit, kubelet/kubeadm/kubectl) plus a site repository (nccl-tests, MLNX ibstat).
 Each binary is a thin wrapper that execs a simulator from ``/opt/gpuready-lab/sim``
 (bind-mounted into every lab host) with the package's upstream version in
 ``GPUREADY_SIM_VERSION``, so the tool reports the version that apt installed. Every description
@@ -126,6 +126,26 @@ Type=forking
 PIDFile=/var/run/nvidia-persistenced/nvidia-persistenced.pid
 ExecStart=/usr/bin/nvidia-persistenced --verbose
 ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# DCGM's own unit (tests/fixtures/vendor-repos/excerpts/nvidia-dcgm-3.3.6-nvidia-dcgm.service.in)
+# with the install location filled in.
+DCGM_UNIT = """[Unit]
+Description=NVIDIA DCGM service (gpuready lab simulator)
+Conflicts=dcgm.service
+
+[Service]
+User=root
+PrivateTmp=false
+
+Environment="DCGM_HOME_DIR=/var/log/nvidia-dcgm"
+
+ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
+
+Restart=on-abort
 
 [Install]
 WantedBy=multi-user.target
@@ -330,6 +350,17 @@ def _cuda_packages(os_key: str) -> list[Package]:
             files=(_bin("/usr/bin/nv-fabricmanager", "nv-fabricmanager", "daemons.py", upstream),
                    File("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),
                    File("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG)),
+            postinst=RELOAD))
+    dcgm = cuda.get("dcgm")
+    for release in (dcgm or {}).get("versions", []):
+        assert dcgm is not None
+        upstream = release["upstream"]
+        pkgs.append(Package(
+            repo, dcgm["name"], _render(dcgm["package_version"], upstream=upstream),
+            "NVIDIA Datacenter GPU Manager (DCGM)", section="non-free/utils",
+            files=(_bin("/usr/bin/dcgmi", "dcgmi", "dcgmi.py", upstream),
+                   _bin("/usr/bin/nv-hostengine", "nv-hostengine", "daemons.py", upstream),
+                   File(f"/lib/systemd/system/{dcgm['service']['unit']}.service", DCGM_UNIT)),
             postinst=RELOAD))
     for nccl in cuda["nccl"]["versions"]:
         pkgs.append(Package(repo, cuda["nccl"]["name"], nccl["version"],

@@ -69,8 +69,25 @@ def test_garbage_and_missing_tool_are_error_rows() -> None:
                                                     255)})
     assert [(r.status, r.code) for r in rows] == [(Status.ERROR, "tool.exit_nonzero")]
     assert "unable to connect" in rows[0].detail
-    rows, _ = _run("dcgm.diag", {COMPUTE_APPS: _out(NO_APPS)})  # no dcgmi: exit 127
+    # No dcgmi (exit 127) on a node whose inventory pins DCGM: an error naming the pin.
+    rows, _ = _run("dcgm.diag", {COMPUTE_APPS: _out(NO_APPS)}, nvidia_dcgm_version="3.3.6")
     assert [(r.status, r.code) for r in rows] == [(Status.ERROR, "tool.not_found")]
+    assert "nvidia_dcgm_version" in rows[0].detail
+    # Where the inventory declares no DCGM, the node has none to run: a skip row saying so.
+    rows, _ = _run("dcgm.diag", {COMPUTE_APPS: _out(NO_APPS)})
+    assert [(r.status, r.code) for r in rows] == [(Status.SKIP, "ok")]
+    assert "DCGM is not installed" in rows[0].detail
+
+
+def test_a_deployment_error_reported_as_runtime_error_is_the_nodes_fault() -> None:
+    doc = ('{"DCGM GPU Diagnostic": {"version": "3.3.6", "runtime_error": '
+           '"GPU 3 has uncorrectable memory errors and row remappings are pending"}}')
+    rows, _ = _run("dcgm.diag", {COMPUTE_APPS: _out(NO_APPS), diag_argv(1): _out(doc, 226)})
+    assert [(r.status, r.code, r.metric) for r in rows] == [
+        (Status.FAIL, "dcgm.diag.row_remap_pending", "gpu3/Error")]
+    other = '{"DCGM GPU Diagnostic": {"version": "3.3.6", "runtime_error": "no GPUs found"}}'
+    rows, _ = _run("dcgm.diag", {COMPUTE_APPS: _out(NO_APPS), diag_argv(1): _out(other, 226)})
+    assert [(r.status, r.code) for r in rows] == [(Status.ERROR, "tool.exit_nonzero")]
 
 
 @pytest.mark.parametrize(("spec", "vars_", "runs"), [

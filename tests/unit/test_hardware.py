@@ -27,6 +27,7 @@ CONTRACT_FAULTS = {
     "join-fails", "gfd-mismatch",  # the cluster (issue 7)
     "nccl-busbw-drop", "gpu-busy",  # drift (issue 10)
     "ib-link-degraded", "ib-rail-down",  # the fabric (issue 11)
+    "gpu-memory-fail",  # DCGM diagnostics (issue 31)
 }
 
 
