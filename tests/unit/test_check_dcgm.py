@@ -3,6 +3,7 @@ GPU with stable codes, no start while GPU processes run, levels 2 and 3 opt-in."
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,41 @@ def test_levels_2_and_3_are_opt_in(fixtures_dir: Path, spec: str, vars_: dict,
     skipped = {r.check for r in rows if r.status is Status.SKIP}
     assert skipped == {c.id for c in select(spec)} - ran
     assert all("opt-in" in r.detail for r in rows if r.status is Status.SKIP)
+
+
+class _Timed(ScriptedTransport):
+    """Two commands at once (as SSHTransport), each taking ``delay_s``: a round trip."""
+
+    concurrent_runs = True
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.spans: dict[str, tuple[float, float]] = {}
+
+    def run(self, argv, timeout):  # type: ignore[no-untyped-def]
+        start = time.monotonic()
+        try:
+            return super().run(argv, timeout)
+        finally:
+            self.spans[" ".join(argv[:2])] = (start, time.monotonic())
+
+
+def test_level_1_costs_one_round_trip_beside_the_gpu_checks(fixtures_dir: Path) -> None:
+    """The GPU-process query runs beside nvidia-smi -q -x (prefetched when the node starts);
+    only dcgmi itself adds a round trip to the node's gpu.* checks."""
+    xml = (fixtures_dir / "nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml").read_text()
+    diag = _capture(fixtures_dir, "dcgmi/diag-j-8gpu-dcgm3.1.0-pass-nulls-leading-warning.txt")
+    answers = {("nvidia-smi", "-q", "-x"): _out(xml), COMPUTE_APPS: _out(NO_APPS),
+               diag_argv(1): _out(diag)}
+    delay = 0.4
+    walls = {}
+    for spec in ("gpu.count,gpu.model", "gpu.count,gpu.model,dcgm.diag"):
+        t = _Timed("n1", answers, delay_s=delay)
+        started = time.monotonic()
+        rows = runner.run_node(_node(), select(spec), "r1", t)
+        walls[spec] = time.monotonic() - started
+        assert all(r.status is not Status.ERROR for r in rows), rows
+    smi, apps = t.spans["nvidia-smi -q"], t.spans["nvidia-smi " + COMPUTE_APPS[1]]
+    assert apps[0] < smi[1] and smi[0] < apps[1], "the query ran beside nvidia-smi -q -x"
+    extra = walls["gpu.count,gpu.model,dcgm.diag"] - walls["gpu.count,gpu.model"]
+    assert 0.5 * delay < extra < 1.5 * delay, walls
