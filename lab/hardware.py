@@ -79,6 +79,8 @@ FAULTS: dict[str, str] = {
                     "symbol_error by 12 (ibstat shows the port Active again)",
     "mig-gpu-off": "GPU 1 is out of MIG mode (current and pending Disabled, no MIG devices) "
                    "on a host whose GPUs are in MIG mode (set_mig_layout)",
+    "gpu-memory-fail": "GPU 0's memory fails DCGM's memory test under load (a miscompare, dcgmi "
+                       "diag -r 2 and up); nvidia-smi shows nothing",
 }
 
 

@@ -6,8 +6,8 @@ matter, key file names, each with its public source): a Debian 12 lab host sees 
 ``debian12`` repository carries and a Debian 13 host what ``debian13`` carries. Ubuntu-shaped
 package sets exist in the facts but are served to no lab host (no lab host claims Ubuntu).
 
-Only what vendor repositories carry is simulated (NVIDIA driver, fabric manager, NCCL, the
-container toolkit) plus a site repository (nccl-tests, MLNX ibstat). Kubernetes is not:
+Only what vendor repositories carry is simulated (NVIDIA driver, fabric manager, NCCL, DCGM,
+the container toolkit) plus a site repository (nccl-tests, MLNX ibstat). Kubernetes is not:
 kubelet, kubeadm and kubectl are the binaries lab/kube/build.py builds from Kubernetes' sources,
 packaged as pkgs.k8s.io packages them (names, ``<upstream>-1.1`` versions, relations from the
 facts, the kubelet unit, ``/etc/default/kubelet`` and kubeadm's drop-in from
@@ -139,6 +139,26 @@ Type=forking
 PIDFile=/var/run/nvidia-persistenced/nvidia-persistenced.pid
 ExecStart=/usr/bin/nvidia-persistenced --verbose
 ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# DCGM's own unit (tests/fixtures/vendor-repos/excerpts/nvidia-dcgm-3.3.6-nvidia-dcgm.service.in)
+# with the install location filled in.
+DCGM_UNIT = """[Unit]
+Description=NVIDIA DCGM service (gpuready lab simulator)
+Conflicts=dcgm.service
+
+[Service]
+User=root
+PrivateTmp=false
+
+Environment="DCGM_HOME_DIR=/var/log/nvidia-dcgm"
+
+ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
+
+Restart=on-abort
 
 [Install]
 WantedBy=multi-user.target
@@ -326,6 +346,17 @@ def _cuda_packages(os_key: str) -> list[Package]:
             files=(_bin("/usr/bin/nv-fabricmanager", "nv-fabricmanager", "daemons.py", upstream),
                    File("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),
                    File("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG)),
+            postinst=RELOAD))
+    dcgm = cuda.get("dcgm")
+    for release in (dcgm or {}).get("versions", []):
+        assert dcgm is not None
+        upstream = release["upstream"]
+        pkgs.append(Package(
+            repo, dcgm["name"], _render(dcgm["package_version"], upstream=upstream),
+            "NVIDIA Datacenter GPU Manager (DCGM)", section="non-free/utils",
+            files=(_bin("/usr/bin/dcgmi", "dcgmi", "dcgmi.py", upstream),
+                   _bin("/usr/bin/nv-hostengine", "nv-hostengine", "daemons.py", upstream),
+                   File(f"/lib/systemd/system/{dcgm['service']['unit']}.service", DCGM_UNIT)),
             postinst=RELOAD))
     for nccl in cuda["nccl"]["versions"]:
         pkgs.append(Package(repo, cuda["nccl"]["name"], nccl["version"],

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """gpuready lab simulator: long-running daemons behind systemd units.
 
-One script, four daemons, picked by env GPUREADY_SIM_TOOL (the package version is env
-GPUREADY_SIM_VERSION): nvidia-persistenced, nv-fabricmanager, kubelet and, beside a real
-kubelet, gpu-feature-discovery (see gpu_feature_discovery). Each names its
-process like the real one (prctl PR_SET_NAME; the kernel keeps 15 bytes of comm, so
+One script, five daemons, picked by env GPUREADY_SIM_TOOL (the package version is env
+GPUREADY_SIM_VERSION): nvidia-persistenced, nv-fabricmanager, kubelet, DCGM's nv-hostengine
+(hostengine() below) and, beside a real kubelet, gpu-feature-discovery (see
+gpu_feature_discovery). Each names its process like the real one (prctl PR_SET_NAME; the
+kernel keeps 15 bytes of comm, so
 /proc/<pid>/comm reads `nvidia-persiste`, `nv-fabricmanage`, `kubelet`, exactly as the real
 binaries show), logs that it is the simulator, and exits 0 on SIGTERM/SIGINT.
 
@@ -550,7 +551,46 @@ def gpu_feature_discovery(args: list[str]) -> int:
     return 0
 
 
+# -- nv-hostengine (DCGM) ------------------------------------------------------------------
+def hostengine(args: list[str]) -> int:
+    """``nv-hostengine [-n] [--service-account USER]``: DCGM's host engine, which dcgmi talks to.
+    ``-n`` keeps it in the foreground (the packaged nvidia-dcgm.service runs it so); otherwise
+    it daemonizes and prints where it listens, as the real one does ("Started host engine
+    version V using port number: 5555"). Without a loaded driver NVML cannot start, and
+    neither does the engine. While it runs, $GPUREADY_LAB_RUN/nv-hostengine.pid holds its pid
+    (the simulated dcgmi connects only then)."""
+    tool = "nv-hostengine"
+    version = os.environ.get("GPUREADY_SIM_VERSION", "")
+    if "--version" in args or "-v" in args:
+        print(f"version: {version} ({SIMULATOR})")
+        return 0
+    _hw, faults = _load()
+    if "driver-not-loaded" in faults or _module_version() is None:
+        print(f"{tool}: NVML could not be initialized: the NVIDIA driver is not loaded "
+              f"({SIMULATOR})", file=sys.stderr)
+        return 1
+    foreground = "-n" in args or "--no-daemon" in args
+    if not foreground:
+        print(f"Started host engine version {version} using port number: 5555", flush=True)
+        if not _daemonize():
+            return 0
+    set_process_name(tool)
+    _install_signals()
+    _initialize()
+    run = _run_dir()
+    run.mkdir(parents=True, exist_ok=True)
+    pid_file = run / "nv-hostengine.pid"
+    _write_pid(pid_file, os.getpid())
+    _ready()
+    print(f"{tool}: DCGM {version} host engine running ({SIMULATOR})", file=sys.stderr,
+          flush=True)
+    _wait()
+    pid_file.unlink(missing_ok=True)
+    return 0
+
+
 DAEMONS = {
+    "nv-hostengine": hostengine,
     "nvidia-persistenced": persistenced,
     "nv-fabricmanager": fabricmanager,
     "kubelet": kubelet,

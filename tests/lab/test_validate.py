@@ -50,6 +50,14 @@ EXPECTED = {
     "tool-hang": ("gpu.count", "tool.timeout"),
     "ssh-down": ("gpu.count", "host.unreachable"),
 }
+# fault -> (DCGM level, code, GPU) dcgm.diag / dcgm.diag_r2 must show on that host: the SIMULATED
+# dcgmi (lab/sim/dcgmi.py) fails a deployment test at level 1 on a pending row remap, and its
+# load tests from level 2 on a degraded PCIe link and a failing GPU memory.
+DCGM_EXPECTED = {
+    "row-remap-pending": (1, "dcgm.diag.row_remap_pending", 1),
+    "pcie-degraded": (2, "dcgm.diag.pcie", 2),
+    "gpu-memory-fail": (2, "dcgm.diag.memory", 0),
+}
 SCRATCH = "/var/tmp"  # the profiles' scratch and checkpoint path
 # Volatile places a booted systemd host writes by itself; everything else must be unchanged.
 TREE = ("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run "
@@ -67,8 +75,8 @@ PROVISION = """
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y -qq nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \\
   nvidia-persistenced=550.90.07-1 nccl-tests=2.17.1-1 kubelet=1.37.2-1.1 containerd fio \\
-  {extra} >/dev/null
-systemctl enable --now nvidia-persistenced containerd {units} >/dev/null 2>&1
+  datacenter-gpu-manager=1:3.3.6 {extra} >/dev/null
+systemctl enable --now nvidia-persistenced containerd nvidia-dcgm {units} >/dev/null 2>&1
 systemctl enable kubelet >/dev/null 2>&1
 """
 
@@ -203,6 +211,44 @@ def test_faulty_host_fails_the_right_check(fleet: LabState, fault: str,
     rows = results[(results["node"] == host.name) & (results["check"] == check)]
     assert code in set(rows["code"]), rows[["metric", "status", "code", "detail"]].to_string()
     assert set(rows[rows["code"] == code]["status"]) & {"fail", "error"}
+
+
+def test_dcgm_level_1_passes_healthy_hosts_and_finds_the_pending_remap(
+        fleet: LabState, full_run: tuple[int, pd.DataFrame, float]) -> None:
+    _, results, _ = full_run
+    dcgm = results[results["check"] == "dcgm.diag"]
+    for host in fleet.hosts:
+        if not host.faults:
+            rows = dcgm[dcgm["node"] == host.name]
+            assert list(rows["status"]) == ["pass"], rows.to_string()
+    host = next(h for h in fleet.hosts if "row-remap-pending" in h.faults)
+    rows = dcgm[dcgm["node"] == host.name]
+    assert list(zip(rows["status"], rows["code"], rows["metric"], strict=True)) == [
+        ("fail", "dcgm.diag.row_remap_pending", "gpu1/Page Retirement/Row Remap")]
+    assert "row remappings are pending" in rows["detail"].iloc[0]
+    # levels 2 and 3 are opt-in: a skip row each
+    assert set(results[results["check"].isin(["dcgm.diag_r2", "dcgm.diag_r3"])]["status"]
+               ) <= {"skip", "error"}
+
+
+def test_dcgm_level_2_fails_the_right_gpu_with_the_right_code(fleet: LabState,
+                                                                tmp_path: Path) -> None:
+    faulty = {f: next(h for h in fleet.hosts if f in h.faults) for f in DCGM_EXPECTED}
+    healthy = next(h for h in fleet.hosts if not h.faults and h.pool == "pool_h100_sxm")
+    names = ",".join([healthy.name, *(h.name for h in faulty.values())])
+    rc, stdout, stderr = _validate("--limit", names, "--checks", "dcgm.diag,dcgm.diag_r2",
+                                   "--out", str(tmp_path))
+    assert rc == ExitCode.CHECK_FAILED, stdout + stderr
+    results = pd.read_parquet(_run_dir(stdout) / "results.parquet")
+    ok = results[results["node"] == healthy.name]
+    assert set(ok["status"]) == {"pass"}, ok.to_string()
+    for fault, (level, code, gpu) in DCGM_EXPECTED.items():
+        rows = results[results["node"] == faulty[fault].name]
+        check = "dcgm.diag" if level == 1 else "dcgm.diag_r2"
+        bad = rows[(rows["check"] == check) & (rows["status"] == "fail")]
+        assert list(bad["code"]) == [code], rows[["check", "metric", "code"]].to_string()
+        assert bad["metric"].iloc[0].startswith(f"gpu{gpu}/"), bad.to_string()
+        assert f"GPU {gpu}" in bad["detail"].iloc[0]
 
 
 def test_hung_tool_costs_one_timeout_per_tool(fleet: LabState,

@@ -22,6 +22,8 @@ is judged all the same, and only output that does not parse is a tool failure.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import ClassVar
 
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict, check_result, parsed
@@ -34,6 +36,15 @@ CODE_GPU_BUSY = "dcgm.diag.gpu_busy"
 COMPUTE_APPS = ("nvidia-smi", "--query-compute-apps=timestamp,gpu_name,gpu_bus_id,gpu_serial,"
                 "gpu_uuid,pid,process_name,used_gpu_memory", "--format=csv")
 DEFAULT_TIMEOUT_S = {1: 120.0, 2: 900.0, 3: 3600.0}
+# The inventory's DCGM pin (the nvidia_dcgm role): where it is set, a node without dcgmi is an
+# error; where it is not, DCGM is not part of the node and the check is a skip row saying so.
+DCGM_PIN = "nvidia_dcgm_version"
+_GPU = re.compile(r"\bGPU\s*(\d+)\b")
+
+
+def _gpu_in(text: str) -> int | None:
+    m = _GPU.search(text)
+    return int(m.group(1)) if m else None
 # Every code the check emits (the actions catalogue has one entry per code).
 CODES = (
     dcgmi_diag.CODE_MEMORY, dcgmi_diag.CODE_PCIE, dcgmi_diag.CODE_NVLINK,
@@ -96,8 +107,11 @@ class DcgmDiag(Check):
         result = ctx.run(argv, timeout, cached=False, tool="dcgmi")
         check_result(result, "dcgmi")
         if result.rc == 127:
-            raise ToolFailure(CODE_NOT_FOUND, "dcgmi: command not found on the node (DCGM is "
-                                              "installed by the nvidia_dcgm role)")
+            if ctx.node.vars.get(DCGM_PIN) is None:
+                return [Verdict("", Status.SKIP, "ok", f"DCGM is not installed and the "
+                                                       f"inventory sets no {DCGM_PIN}")]
+            raise ToolFailure(CODE_NOT_FOUND, f"dcgmi: command not found on the node, whose "
+                                              f"inventory pins DCGM ({DCGM_PIN})")
         try:
             report = dcgmi_diag.parse(result.stdout)
         except ParseError as exc:
@@ -107,8 +121,14 @@ class DcgmDiag(Check):
                                              f"{tail}") from None
             raise ToolFailure("tool.parse_error", f"dcgmi diag -r {self.level}: {exc}") from None
         if report.runtime_error:
-            raise ToolFailure(CODE_EXIT, f"dcgmi diag -r {self.level}: DCGM reported "
-                                         f"{report.runtime_error}")
+            # A deployment error DCGM reports instead of results (a pending row remap) is the
+            # node's fault, with its code; anything else is the tool's.
+            entry = dcgmi_diag.DiagEntry("Deployment", "Error", _gpu_in(report.runtime_error),
+                                         "fail", (report.runtime_error,))
+            if dcgmi_diag.code_for(entry) in (dcgmi_diag.CODE_DEPLOYMENT, dcgmi_diag.CODE_OTHER):
+                raise ToolFailure(CODE_EXIT, f"dcgmi diag -r {self.level}: DCGM reported "
+                                             f"{report.runtime_error}")
+            report = dataclasses.replace(report, entries=(entry,))
         return judge_diag(report, self.level)
 
 

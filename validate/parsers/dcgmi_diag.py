@@ -263,7 +263,8 @@ def parse_json(text: str) -> DiagReport:
                     if gpu is not None:
                         gpus.add(gpu)
                     entries.append(DiagEntry(category, test["name"], gpu, status, messages, ids))
-    return DiagReport(version, driver, len(gpus) or None, tuple(entries), str(runtime_error or ""))
+    return DiagReport(version, driver, len(gpus) or None, tuple(_per_gpu(entries)),
+                      str(runtime_error or ""))
 
 
 def _no_constant(name: str) -> object:

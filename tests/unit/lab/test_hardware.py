@@ -28,6 +28,7 @@ CONTRACT_FAULTS = {
     "nccl-busbw-drop", "gpu-busy",  # drift (issue 10)
     "ib-link-degraded", "ib-rail-down",  # the fabric (issue 11)
     "mig-gpu-off", "ib-link-flap",  # MIG as declared, IB error counters (issue 31)
+    "gpu-memory-fail",  # DCGM diagnostics (issue 31)
 }
 
 

@@ -161,6 +161,10 @@ def _cuda_universe(os_key: str) -> dict[tuple[str, str], str]:
         universe[(fm, _render(fabric["package_version"], upstream=upstream))] = "fabricmanager"
     for nccl in facts["nccl"]["versions"]:
         universe[(facts["nccl"]["name"], nccl["version"])] = "nccl"
+    dcgm = facts.get("dcgm", {})
+    for release in dcgm.get("versions", []):
+        universe[(dcgm["name"], _render(dcgm["package_version"],
+                                        upstream=release["upstream"]))] = "dcgm"
     return universe
 
 
