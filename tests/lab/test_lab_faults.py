@@ -46,6 +46,9 @@ CASES: list[tuple[str, str, Check]] = [
     # (ib-link-degraded shows only between two nodes: tests/lab/test_fabric.py.)
     ("ib-rail-down", "ibstat mlx5_7",
      lambda out, rc: "State: Down" in out and "Physical state: Disabled" in out),
+    # The simulated HCAs' sysfs counters (the lab inventory's gpuready_sysfs_root).
+    ("ib-link-flap", "cat /opt/gpuready-lab/hw/sys/class/infiniband/mlx5_0/ports/1/counters/"
+     "link_downed", lambda out, rc: rc == 0 and int(out) > 0),
 ]
 HEALTHY_BUSBW: list[float] = []
 

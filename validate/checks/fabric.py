@@ -107,6 +107,11 @@ GROWING = {
     "excessive_buffer_overrun_errors": "fabric.ib.excessive_buffer_overrun_errors_growing",
 }
 CODE_COUNTER_HIGH = "fabric.ib.counter_high"
+# The widths of these counters in the InfiniBand PortCounters attribute (SymbolErrorCounter and
+# PortRcvErrors 16 bits, LinkErrorRecoveryCounter and LinkDownedCounter 8, ExcessiveBuffer-
+# OverrunErrors 4): a counter at its maximum stops counting, so its growth can no longer show.
+SATURATED = {"link_downed": 255, "link_error_recovery": 255, "symbol_error": 65535,
+             "port_rcv_errors": 65535, "excessive_buffer_overrun_errors": 15}
 CODE_COUNTER_MISSING = "fabric.ib.counter_missing"
 
 
@@ -169,12 +174,13 @@ def judge_ib_counters(
                 continue
             out.append(_judge_counter(metric, value, previous.get(("fabric.ib_counters",
                                                                     metric)),
-                                      bands[counter], high[counter], GROWING[counter], now))
+                                      bands[counter], high[counter], SATURATED[counter],
+                                      GROWING[counter], now))
     return out
 
 
 def _judge_counter(metric: str, value: int, before: tuple[float, str] | None, band: Band,
-                   high: int, code: str, now: datetime) -> Verdict:
+                   high: int, saturated_at: int, code: str, now: datetime) -> Verdict:
     limits = f"(warn above {band.warn:g}/h, " if band.warn is not None else "("
     limits += f"fail above {band.fail:g}/h)" if band.fail is not None else "no fail limit)"
     rate_note = ""
@@ -194,10 +200,13 @@ def _judge_counter(metric: str, value: int, before: tuple[float, str] | None, ba
                      f"below the previous run's {before[0]:g} (counters restarted)")
     else:
         rate_note = "first reading: its growth is judged from the next run"
-    if value >= high:
+    if value >= min(high, saturated_at):
+        high = min(high, saturated_at)
+        stuck = (" (saturated: the counter stops at its maximum and shows no growth any more)"
+                 if value >= saturated_at else "")
         return Verdict(metric, Status.WARN, CODE_COUNTER_HIGH,
-                       f"{value} (at or above {high}); {rate_note}: a past incident, clear "
-                       "it once understood", float(value), "count")
+                       f"{value} (at or above {high}){stuck}; {rate_note}: a past incident, "
+                       "clear it once understood", float(value), "count")
     return Verdict(metric, Status.PASS, "ok", rate_note, float(value), "count")
 
 

@@ -456,7 +456,13 @@ class GpuNvlink(Check):
     order = 20
 
     def skip_reason(self, ctx: NodeContext) -> str | None:
-        return "profile has no NVLink" if ctx.profile.hardware.nvlinks_per_gpu == 0 else None
+        if ctx.profile.hardware.nvlinks_per_gpu == 0:
+            return "profile has no NVLink"
+        if ctx.node.desired.mig is not None:
+            # "Nvlink queries are not supported for Devices in MIG mode" (real capture:
+            # fixtures/nvidia-smi-nvlink/h100-mig-nvlink-s-unsupported.txt).
+            return "MIG pool: nvidia-smi answers no NVLink query in MIG mode (gpu.mig judges it)"
+        return None
 
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
         text = ctx.output(NVSMI_NVLINK).stdout

@@ -111,6 +111,16 @@ def test_a_high_constant_counter_warns_and_a_low_one_passes() -> None:
     assert rows["symbol_error"][:2] == (Status.PASS, "ok")
 
 
+def test_a_saturated_counter_warns_whatever_its_high_count() -> None:
+    bands, high = _bands()
+    high["link_downed"] = 10**6
+    port = _port(link_downed=255)
+    (row,) = [v for v in judge_ib_counters((port,), {}, bands, high, NOW)
+              if v.metric.endswith("/link_downed")]
+    assert (row.status, row.code) == (Status.WARN, "fabric.ib.counter_high")
+    assert "saturated" in row.detail
+
+
 def test_first_reading_and_restarted_counters_have_no_rate() -> None:
     first = _judged(_port(link_downed=3))
     assert first["link_downed"][:2] == (Status.PASS, "ok")

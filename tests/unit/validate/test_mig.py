@@ -16,7 +16,9 @@ from tests.conftest import FIXTURES
 from tests.unit.lab.test_conformance import populated
 from tests.unit.lab.test_sim_nvidia_smi import Host, _paths
 from tests.unit.validate.parsers.test_nvidia_smi_golden import capture_sections
-from validate import desired
+from tests.unit.validate.test_checks_runner import ScriptedTransport, _node, _out
+from validate import desired, runner
+from validate.checks import select
 from validate.checks.gpu import judge_mig
 from validate.inventory import InventoryError, load
 from validate.mig import GPU_INSTANCE_PROFILES, MigLayout, known_profile
@@ -262,3 +264,28 @@ def test_sim_without_a_layout_is_out_of_mig_mode(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a MIG profile name"):
         set_mig_layout(host.hw, ["3g"])
     assert set(GPU_INSTANCE_PROFILES) >= {"h100-80gb", "a100-80gb"}
+
+
+# ---------------------------------------------------------------------------- through the runner
+
+
+def test_gpu_mig_asks_nvidia_smi_l_only_in_a_mig_pool() -> None:
+    xml = (FIXTURES / "nvidia-smi-xml/a100-sxm4-80gb-x4-drv535-v12.xml").read_text()
+    listing = _section(H100_MIG, "capabilities :: list (-L)")
+    answers = {("nvidia-smi", "-q", "-x"): _out(xml), ("nvidia-smi", "-L"): _out(listing)}
+    # A full-GPU pool: one -q -x serves gpu.mig, and the GPU in MIG mode fails it.
+    t = ScriptedTransport("n1", answers)
+    rows = runner.run_node(_node(), select("gpu.mig"), "r1", t)
+    assert t.calls == [("nvidia-smi", "-q", "-x")]
+    assert {(r.metric, r.code) for r in rows} >= {("mig_mode", "gpu.mig.mode_enabled")}
+    # A MIG pool: -L names the devices; gpu.nvlink is not asked (MIG refuses NVLink queries).
+    pool = {"accelerator": "a100-80gb", "topology": "8gpu-sxm-nvlink", "fabric": "infiniband",
+            "workload": "inference", "sharing": "mig"}
+    node = _node(gpu_pool=pool, gpu_mig_layout=H100_LAYOUT)
+    t = ScriptedTransport("n1", answers)
+    rows = runner.run_node(node, select("gpu.mig,gpu.nvlink"), "r1", t)
+    assert t.calls == [("nvidia-smi", "-q", "-x"), ("nvidia-smi", "-L")]
+    by = {(r.check, r.metric): (r.status.value, r.code) for r in rows}
+    assert by[("gpu.mig", "mig_layout")] == ("pass", "ok")
+    assert by[("gpu.mig", "mig_mode")] == ("pass", "ok")
+    assert by[("gpu.nvlink", "")][0] == "skip"
