@@ -53,6 +53,7 @@ class Browser:
             page.wait_for_selector("#nodes tbody tr[data-node]", timeout=20_000)
         except PlaywrightTimeout:
             raise AssertionError(f"the page drew no node table: {self.errors}") from None
+        _watch_draws(page)
         return page
 
     def _console(self, msg: ConsoleMessage) -> None:
@@ -98,6 +99,21 @@ def _report(rows: list[CheckResult], info: runinfo.RunInfo, run_id: str) -> Path
     return report.run_dir / "index.html"
 
 
+def _watch_draws(page: Page) -> None:
+    """The page redraws on hashchange, a task after the hash itself changes. A listener added
+    after the page's own runs after it: once it has seen a hash, the page has drawn that hash.
+    Added once per document (a load draws the hash it was opened with)."""
+    page.evaluate("() => { if (!window.__watching) { window.__watching = true; "
+                  "window.__drawn = location.hash; window.addEventListener('hashchange', "
+                  "() => { window.__drawn = location.hash; }); } }")
+
+
+def _drawn(page: Page, condition: str) -> None:
+    """Wait until the hash meets ``condition`` (a JavaScript expression) and the page has drawn
+    that hash, not merely had it set."""
+    page.wait_for_function(f"() => window.__drawn === location.hash && ({condition})")
+
+
 def _shown(page: Page) -> list[str]:
     return page.locator("#nodes tbody tr[data-node]").evaluate_all(
         "rows => rows.map(r => r.dataset.node)")
@@ -126,51 +142,52 @@ def test_filters_sorting_and_a_failed_node_leads_to_its_action(
     assert _shown(page)[:2] == ["gpu-a100-04", "gpu-h100-06"]  # worst first (error)
 
     page.select_option("#f-pool", "pool_a100_sxm")
-    page.wait_for_function("location.hash.includes('pool=pool_a100_sxm')")
+    _drawn(page, "location.hash.includes('pool=pool_a100_sxm')")
     assert sorted(_shown(page)) == ["gpu-a100-01", "gpu-a100-02", "gpu-a100-03", "gpu-a100-04"]
     page.select_option("#f-status", "fail")
-    page.wait_for_function("location.hash.includes('status=fail')")
+    _drawn(page, "location.hash.includes('status=fail')")
     assert _shown(page) == ["gpu-a100-03"]
     page.click("#f-clear")
-    page.wait_for_function("location.hash === '' || location.hash === '#'")
+    _drawn(page, "location.hash === '' || location.hash === '#'")
     assert len(_shown(page)) == 10
 
     # a check chosen: status is that check's status on each node
     page.select_option("#f-check", "gpu.topology")
     page.select_option("#f-status", "warn")
-    page.wait_for_function("location.hash.includes('status=warn')")
+    _drawn(page, "location.hash.includes('status=warn')")
     assert sorted(_shown(page)) == [f"gpu-h100-0{i}" for i in range(1, 6)]
     page.select_option("#f-check", "gpu.ecc")
     page.select_option("#f-status", "fail")
-    page.wait_for_function("location.hash.includes('check=gpu.ecc') && "
+    _drawn(page, "location.hash.includes('check=gpu.ecc') && "
                            "location.hash.includes('status=fail')")
     assert _shown(page) == ["gpu-h100-05"]
     page.click("#f-clear")
     page.select_option("#f-code", "gpu.throttle.hw_slowdown")
-    page.wait_for_function("location.hash.includes('code=')")
+    _drawn(page, "location.hash.includes('code=')")
     assert _shown(page) == ["gpu-h100-04"]
     page.click("#f-clear")
     page.fill("#f-q", "a100-0")
-    page.wait_for_function("location.hash.includes('q=a100-0')")
+    _drawn(page, "location.hash.includes('q=a100-0')")
     assert len(_shown(page)) == 4
     page.click("#f-clear")
 
     # sorting by a column, both ways
     page.click("#nodes th[data-key='node'] button")
-    page.wait_for_function("location.hash.includes('sort=node')")
+    _drawn(page, "location.hash.includes('sort=node')")
     names = _shown(page)
     assert names == sorted(names)
     page.click("#nodes th[data-key='node'] button")
-    page.wait_for_function("location.hash.includes('dir=desc')")
+    _drawn(page, "location.hash.includes('dir=desc')")
     assert _shown(page) == sorted(names, reverse=True)
     assert page.get_attribute("#nodes th[data-key='node']", "aria-sort") == "descending"
     page.click("#nodes th[data-key='nccl_busbw_gbps'] button")
-    page.wait_for_function("location.hash.includes('sort=nccl_busbw_gbps')")
+    _drawn(page, "location.hash.includes('sort=nccl_busbw_gbps')")
     assert set(_shown(page)[:3]) == {"gpu-a100-01", "gpu-a100-02", "gpu-a100-03"}
 
     # the failed nodes, then one of them: its fault row and the action for its code
     page.goto(index.as_uri() + "#status=fail")
     page.wait_for_function("document.querySelectorAll('#nodes tbody tr[data-node]').length == 3")
+    _watch_draws(page)
     assert sorted(_shown(page)) == ["gpu-a100-03", "gpu-h100-04", "gpu-h100-05"]
     page.screenshot(path=str(index.parent / "screenshot-table.png"), full_page=True)
     page.click("#nodes tbody tr[data-node='gpu-h100-05'] a")
@@ -193,7 +210,7 @@ def test_filters_sorting_and_a_failed_node_leads_to_its_action(
 
     # the fault-code table links filter the node table
     page.click("#fault-codes a[href='#code=gpu.nvlink.down']")
-    page.wait_for_function("location.hash === '#code=gpu.nvlink.down'")
+    _drawn(page, "location.hash === '#code=gpu.nvlink.down'")
     assert _shown(page) == ["gpu-a100-03"]
     took = time.monotonic() - started
     assert browser.errors == [] and browser.foreign == []
@@ -211,11 +228,11 @@ def test_pages_of_a_larger_fleet(browser: Browser,
     assert page.inner_text("#shown") == "Showing 1-100 of 300 nodes"
     first = _shown(page)
     page.click("#next")
-    page.wait_for_function("location.hash.includes('p=1')")
+    _drawn(page, "location.hash.includes('p=1')")
     assert page.inner_text("#shown") == "Showing 101-200 of 300 nodes"
     assert not set(_shown(page)) & set(first)
     page.select_option("#f-status", "error")
-    page.wait_for_function("location.hash.includes('status=error')")
+    _drawn(page, "location.hash.includes('status=error')")
     assert page.inner_text("#shown") == "Showing 1-60 of 60 nodes (filtered from 300)"
     assert page.is_disabled("#next") and page.is_disabled("#prev")
     assert browser.errors == [] and browser.foreign == []
