@@ -152,6 +152,10 @@ def test_history_gives_each_node_its_latest_earlier_value(tmp_path: Path) -> Non
     _write_run(tmp_path, "20261206T020500Z-cccc", "2026-12-06T02:05:00+00:00", 9.0, "gpu-02")
     got = last_values(tmp_path, [CHECK], {"gpu-01"})
     assert got == {"gpu-01": {(CHECK, "mlx5_0/1/link_downed"): (4.0, "2026-12-06T02:00:00+00:00")}}
+    # A later row without a value (the counter could not be read) leaves the last reading as
+    # the baseline; otherwise a counter that grew meanwhile would read as restarted and pass.
+    _write_run(tmp_path, "20261206T030000Z-dddd", "2026-12-06T03:00:00+00:00", float("nan"))
+    assert last_values(tmp_path, [CHECK], {"gpu-01"}) == got
 
 
 # ---------------------------------------------------------------------------- the lab
