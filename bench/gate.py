@@ -1,14 +1,15 @@
-"""The gate's reconcile on 1,000 Nodes, 1% of them needing a change, on the lab's API server
-stand-in over HTTPS with the official client: wall time and API calls per node, against a
-baseline run side by side (what a script of per-node `kubectl label --overwrite` does: read
-each Node, patch each Node).
+"""The gate's reconcile on 1,000 Nodes, 1% of them needing a change, on a real kube-apiserver
+(built from source, lab.kube.local) over HTTPS with the official client: wall time and API
+calls per node, against a baseline run side by side (what a script of per-node
+`kubectl label --overwrite` does: read each Node, patch each Node).
 
     .venv/bin/python -m bench.gate [--nodes 1000] [--changed 10] [--rounds 3]
 
-The Nodes are stored as a kubelet and the GPU Operator leave them (status, GFD labels), the
-99% already carrying what the gate wants; the 1% just joined (tainted, unlabelled). Each round
-puts the 1% back first; the baseline runs in the first round only. API calls are counted
-twice: by the client and in the stand-in's audit log. Goal (issue 7): under 5 s, exactly one
+The Nodes are created as a kubelet and the GPU Operator leave them (the status of a real
+captured GPU Node, tests/fixtures/k8s-api, with 8 GPUs; the lab's GFD labels), the 99% already
+carrying what the gate wants; the 1% just joined (tainted, unlabelled). Each round puts the 1%
+back first; the baseline runs in the first round only. API calls are counted twice: by the
+client and in the API server's audit log. Goal (issue 7): under 5 s, exactly one
 list plus one patch per changed Node.
 
 Then one round gates a newer run: every Node records the run that judged it (``last-run``,
@@ -19,6 +20,7 @@ not judged against the goal (it is the price of each Node naming its last judgem
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -26,10 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab.apiserver.store import Store
 from lab.hardware import render_host
-from lab.sim.daemons import gfd_labels, node_status
-from tests.apiserver_helpers import core_api, running_standin
+from lab.sim.daemons import gfd_labels
+from tests.kube_helpers import core_api, running_apiserver
 from validate.gate import KubeNodeApi, reconcile
 from validate.labels import (
     Desired,
@@ -49,6 +50,9 @@ MEASURED = "2026-12-02T10:15:00+00:00"
 NEXT_RUN, NEXT_MEASURED = "20261203T101500Z", "2026-12-03T10:15:00+00:00"
 TAINT = {"key": f"{PREFIX}/validation", "value": "pending", "effect": "NoSchedule"}
 ADDRESS_HOST = 20  # 127.0.22.20
+# A real Node's status (a GPU Operator node, 1 GPU), given 8 GPUs for the bench's SKU.
+CAPTURED = (REPO / "tests/fixtures/k8s-api"
+            / "kubectl-get-nodes-o-json-list-rke2-vgpu-a16-4q-gpu-operator.json")
 
 
 def identity(name: str) -> NodeIdentity:
@@ -71,12 +75,17 @@ def desired_state(ident: NodeIdentity, labels: dict[str, str]) -> Desired:
                   GatePolicy(PREFIX))
 
 
-def seed(state: Path, count: int, changed: set[str]) -> None:
-    """The Nodes, written to the stand-in's store before it starts (setup, not measured)."""
-    store = Store(state)
+def captured_status() -> dict[str, Any]:
+    status: dict[str, Any] = json.loads(CAPTURED.read_text())["items"][0]["status"]
+    for key in ("capacity", "allocatable"):
+        status[key]["nvidia.com/gpu"] = "8"
+    return status
+
+
+def seed(api: Any, count: int, changed: set[str]) -> None:
+    """The Nodes, created through the API before the rounds (setup, not measured)."""
     hw = render_host("h100-sxm5-8x", "bench")
-    now = "2026-12-02T10:00:00Z"
-    status = node_status(hw, 8, "bench", "10.0.0.1", "1.30.5", now, now)
+    status = captured_status()
     gfd = gfd_labels(hw, set(), "550.90.07", 1796200000)
     for i in range(count):
         name = f"gpu-{i:04d}"
@@ -90,7 +99,7 @@ def seed(state: Path, count: int, changed: set[str]) -> None:
             wanted = desired_state(identity(name), dict(gfd))
             labels.update(wanted.labels)
             annotations.update(wanted.annotations)
-        store.create(("nodes", "", name), {
+        api.create_node({
             "kind": "Node", "apiVersion": "v1",
             "metadata": {"name": name, "labels": labels, "annotations": annotations},
             "spec": spec, "status": {**status, "addresses": [
@@ -109,28 +118,28 @@ def unadmit(api: Any, names: set[str]) -> None:
                        _content_type="application/merge-patch+json")
 
 
-def audit_counts(standin: Any, since: int) -> dict[str, int]:
+def audit_counts(server: Any, since: int) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for event in standin.audit()[since:]:
+    for event in server.audit()[since:]:
         counts[event["verb"]] = counts.get(event["verb"], 0) + 1
     return counts
 
 
-def gate_round(standin: Any, identities: list[NodeIdentity],
+def gate_round(server: Any, identities: list[NodeIdentity],
                table: dict[str, NodeEvidence]) -> tuple[float, dict[str, int], dict[str, int]]:
-    since = len(standin.audit())
-    api = KubeNodeApi(standin.kubeconfig)
+    since = len(server.audit())
+    api = KubeNodeApi(server.kubeconfig)
     start = time.perf_counter()
     report = reconcile(api, identities, table, PREFIX)
     took = time.perf_counter() - start
     assert all(o.verdict == "passed" for o in report.nodes)
-    return took, dict(api.calls), audit_counts(standin, since)
+    return took, dict(api.calls), audit_counts(server, since)
 
 
-def baseline_round(standin: Any, identities: list[NodeIdentity]) -> tuple[float, dict[str, int]]:
+def baseline_round(server: Any, identities: list[NodeIdentity]) -> tuple[float, dict[str, int]]:
     """Per node: read it, then patch the labels (kubectl label --overwrite, node by node)."""
-    since = len(standin.audit())
-    api = core_api(standin)
+    since = len(server.audit())
+    api = core_api(server)
     start = time.perf_counter()
     for ident in identities:
         node = api.read_node(ident.name)
@@ -139,7 +148,7 @@ def baseline_round(standin: Any, identities: list[NodeIdentity]) -> tuple[float,
         api.patch_node(ident.name, {"metadata": {"labels": dict(wanted)},
                                     "spec": {"taints": [t.to_dict() for t in taints]}},
                        _content_type="application/merge-patch+json")
-    return time.perf_counter() - start, audit_counts(standin, since)
+    return time.perf_counter() - start, audit_counts(server, since)
 
 
 def main() -> int:
@@ -150,36 +159,31 @@ def main() -> int:
     args = parser.parse_args()
     changed = {f"gpu-{i:04d}" for i in range(0, args.nodes, max(1, args.nodes // args.changed))}
     with tempfile.TemporaryDirectory(prefix="gpuready-bench-gate-") as tmp:
-        root = Path(tmp)
-        from lab.apiserver import server  # noqa: PLC0415
-
-        state = root / "seed"
-        server.init_state(state, f"127.0.22.{ADDRESS_HOST}")
-        seed(state, args.nodes, changed)
         identities = [identity(f"gpu-{i:04d}") for i in range(args.nodes)]
         table = {i.name: evidence() for i in identities}
-        with running_standin(root / "run", ADDRESS_HOST, seed_state=state) as standin:
-            admin = core_api(standin)
+        with running_apiserver(Path(tmp), ADDRESS_HOST) as server:
+            admin = core_api(server)
+            seed(admin, args.nodes, changed)
             gate_times, baseline_times = [], []
             calls: dict[str, int] = {}
             audited: dict[str, int] = {}
             base_audited: dict[str, int] = {}
             for round_no in range(args.rounds):
                 unadmit(admin, changed)
-                took, calls, audited = gate_round(standin, identities, table)
+                took, calls, audited = gate_round(server, identities, table)
                 gate_times.append(took)
                 if round_no == 0:  # 2,000 requests: once is enough for a reference
                     unadmit(admin, changed)
-                    took, base_audited = baseline_round(standin, identities)
+                    took, base_audited = baseline_round(server, identities)
                     baseline_times.append(took)
             newer = {i.name: evidence(NEXT_RUN, NEXT_MEASURED) for i in identities}
-            new_s, new_calls, new_audited = gate_round(standin, identities, newer)
+            new_s, new_calls, new_audited = gate_round(server, identities, newer)
     gate_s, base_s = statistics.median(gate_times), statistics.median(baseline_times)
     per_node = sum(calls.values()) / args.nodes
     print(f"gate reconcile, {args.nodes} Nodes, {len(changed)} needing a change "
           f"(median of {args.rounds}): {gate_s:.2f} s")
     print(f"  API calls (client): {calls}; per node {per_node:.3f}")
-    print(f"  API calls (stand-in audit log): {audited}")
+    print(f"  API calls (API server audit log): {audited}")
     print(f"baseline (read + patch each Node, one round): {base_s:.2f} s, audit {base_audited}")
     print(f"a newer run (every Node records it): {new_s:.2f} s, API calls {new_calls}, audit "
           f"{new_audited}")

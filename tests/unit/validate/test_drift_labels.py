@@ -1,4 +1,4 @@
-"""Drift's labels layer against the API server (tests/apiserver_helpers.py) over HTTPS, read with
+"""Drift's labels layer against a real kube-apiserver (tests/kube_helpers.py) over HTTPS, read with
 the official client as the gate reads it, and judged by the gate's own decision
 (validate.gate.decision_for) on real validation runs on disk (gate_runs.py beside it: every
 check judged on real captures):
@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from tests.apiserver_helpers import StandIn, core_api, running_standin, standin_address
+from tests.kube_helpers import LocalApiServer, core_api, loopback_address, running_apiserver
 from tests.unit.validate import gate_runs
 from validate import cli
 from validate.drift.labels import latest_rows
@@ -44,9 +44,9 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
-    with running_standin(tmp_path_factory.mktemp("drift-labels"), 16) as standin:
-        yield standin
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApiServer]:
+    with running_apiserver(tmp_path_factory.mktemp("drift-labels"), 16) as server:
+        yield server
 
 
 def _main(*argv: str) -> tuple[int, str, str]:
@@ -55,7 +55,7 @@ def _main(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def _register(cluster: StandIn, *names: str) -> None:
+def _register(cluster: LocalApiServer, *names: str) -> None:
     api = core_api(cluster)
     for name in names:  # as kubeadm join registers them
         api.create_node({"metadata": {"name": name, "labels": {"team": "ml"}},
@@ -74,12 +74,12 @@ def _labels(table: pd.DataFrame) -> set[tuple[str, str, str, str, str]]:
     return set(zip(t["node"], t["item"], t["declared"], t["actual"], t["status"], strict=True))
 
 
-def _writes(cluster: StandIn) -> int:
+def _writes(cluster: LocalApiServer) -> int:
     return len([e for e in cluster.audit() if e["verb"] not in ("get", "list", "watch")])
 
 
 def test_edited_label_removed_taint_and_missing_node_are_reported(
-        cluster: StandIn, tmp_path: Path, fixtures_dir: Path) -> None:
+        cluster: LocalApiServer, tmp_path: Path, fixtures_dir: Path) -> None:
     hosts = ["d1-h100", "d2-h100", "d3-h100"]
     _register(cluster, *hosts)
     inv = gate_runs.write_inventory(tmp_path / "inventory", hosts, prefix=P,
@@ -116,7 +116,7 @@ def test_edited_label_removed_taint_and_missing_node_are_reported(
 
 
 def test_quarantine_and_the_pools_taint_effect_hold_in_drift(
-        cluster: StandIn, tmp_path: Path, fixtures_dir: Path) -> None:
+        cluster: LocalApiServer, tmp_path: Path, fixtures_dir: Path) -> None:
     """Drift compares with the gate's own decision, so its policy comes along: a quarantined
     node stays quarantined on a clean run (a copy of the old rules would call the gate's
     labels drift), and the failed taint carries the pool's effect."""
@@ -156,7 +156,7 @@ def _copy_run(run: Path, root: Path) -> Path:
 
 
 def test_evidence_the_gate_would_not_act_on_is_not_compared(
-        cluster: StandIn, tmp_path: Path, fixtures_dir: Path) -> None:
+        cluster: LocalApiServer, tmp_path: Path, fixtures_dir: Path) -> None:
     """A run too old for the pool's window, a run of fewer checks, and a run older than the
     one that last judged the Node: the gate would leave the Node as it is (held), so comparing
     it with that decision would always find nothing. Drift says it did not compare, why (the
@@ -207,18 +207,18 @@ def test_evidence_the_gate_would_not_act_on_is_not_compared(
 
 
 def test_an_unavailable_api_makes_the_run_incomplete_unless_deselected(
-        cluster: StandIn, tmp_path: Path, fixtures_dir: Path,
+        cluster: LocalApiServer, tmp_path: Path, fixtures_dir: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     dead = tmp_path / "dead.conf"
     dead.write_text(cluster.kubeconfig.read_text().replace(cluster.address,
-                                                           standin_address(17)))
+                                                           loopback_address(17)))
     inv_dead = gate_runs.write_inventory(tmp_path / "a", ["u1-h100"], prefix=P, kubeconfig=dead)
     reports = tmp_path / "reports"
     gate_runs.write_run(fixtures_dir, inv_dead, reports, "r1", NOW - timedelta(hours=1))
     code, out, err, table = _drift(inv_dead, reports)
     assert code == ExitCode.USAGE_OR_TOOL_ERROR, out + err
     assert "NOT COMPARED labels and taints: cannot reach the Kubernetes API at https://" \
-        f"{standin_address(17)}:6443" in out
+        f"{loopback_address(17)}:6443" in out
     assert "labels and taints: NOT COMPARED" in err
     assert list(table["status"]) == ["unavailable"]
     # No kubeconfig anywhere: the inventory names none, no KUBECONFIG, no ~/.kube/config.

@@ -1,7 +1,8 @@
-"""validate/gate.py against the API server stand-in over HTTPS, with the official client: one
-list and one guarded patch per changed Node (counted in the server's audit log), a real 409
-from a concurrent writer retried, dry run, and the failures (unreachable API, refused
-credentials, a certificate that does not verify, a Node that never joined) as exit codes.
+"""validate/gate.py against a real kube-apiserver (tests/kube_helpers.py) over HTTPS, with the
+official client: one list and one guarded patch per changed Node (counted in the server's audit
+log), a real 409 from a concurrent writer retried, dry run, and the failures (unreachable API,
+refused credentials, a certificate that does not verify, a Node that never joined) as exit
+codes.
 
 The command's runs are real runs on disk (gate_runs.py beside it: every check judged on real
 captures, written by the report code), then aged, narrowed, cut or damaged: a stale, a
@@ -20,9 +21,8 @@ from typing import Any
 
 import pytest
 
-from lab.apiserver import server
-from lab.controlplane import kubeconfig
-from tests.apiserver_helpers import PORT, StandIn, core_api, running_standin, standin_address
+from lab.kube.local import kubeconfig, make_ca
+from tests.kube_helpers import LocalApiServer, core_api, loopback_address, running_apiserver
 from tests.unit.validate import gate_runs
 from validate import cli
 from validate.evidence import by_node, read_run
@@ -38,9 +38,9 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
-    with running_standin(tmp_path_factory.mktemp("gate"), 14) as standin:
-        yield standin
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApiServer]:
+    with running_apiserver(tmp_path_factory.mktemp("gate"), 14) as server:
+        yield server
 
 
 def identity(name: str) -> NodeIdentity:
@@ -58,27 +58,31 @@ def passed(codes: tuple[str, ...] = ()) -> NodeEvidence:
     return NodeEvidence(RUN, NOW.isoformat(), found)
 
 
-def register(cluster: StandIn, *names: str) -> None:
+def register(cluster: LocalApiServer, *names: str) -> None:
     api = core_api(cluster)
     for name in names:
         api.create_node({"metadata": {"name": name, "labels": {"team": "ml"}},
                          "spec": {"taints": [TAINT]}})
 
 
-def patches(cluster: StandIn, names: set[str]) -> list[str]:
+def patches(cluster: LocalApiServer, names: set[str]) -> list[str]:
     return [e["objectRef"]["name"] for e in cluster.audit()
             if e["verb"] == "patch" and e.get("objectRef", {}).get("name") in names]
 
 
-def node_state(cluster: StandIn, name: str) -> tuple[dict[str, str], dict[str, str],
+def node_state(cluster: LocalApiServer, name: str) -> tuple[dict[str, str], dict[str, str],
                                                       list[tuple[str, str, str]], str]:
     node = core_api(cluster).read_node(name)
-    taints = [(t.key, t.value, t.effect) for t in node.spec.taints or []]
+    # The gate's taints only: the API server's TaintNodesByCondition admission adds
+    # node.kubernetes.io/not-ready to every new Node, and no node lifecycle controller runs
+    # here to lift it (no kubelet reports Ready). It is not the gate's to touch.
+    taints = [(t.key, t.value, t.effect) for t in node.spec.taints or []
+              if t.key.startswith(P)]
     return (dict(node.metadata.labels or {}), dict(node.metadata.annotations or {}), taints,
             node.metadata.resource_version)
 
 
-def test_one_list_and_one_patch_per_changed_node(cluster: StandIn) -> None:
+def test_one_list_and_one_patch_per_changed_node(cluster: LocalApiServer) -> None:
     names = ("a1", "a2", "a3")
     register(cluster, *names)
     api = KubeNodeApi(cluster.kubeconfig)
@@ -89,10 +93,14 @@ def test_one_list_and_one_patch_per_changed_node(cluster: StandIn) -> None:
         ("a1", "passed", True), ("a2", "failed", True), ("a3", "passed", True)]
     assert report.exit_code == ExitCode.CHECK_FAILED
     nodes = {n.metadata.name: n for n in core_api(cluster).list_node().items}
-    assert nodes["a1"].spec.taints is None
+    # Only the gate's own taint went; the API server's not-ready taint (TaintNodesByCondition
+    # admission, lifted by the node lifecycle controller once a kubelet reports Ready) stays.
+    assert [(t.key, t.effect) for t in nodes["a1"].spec.taints] == [
+        ("node.kubernetes.io/not-ready", "NoSchedule")]
     assert nodes["a1"].metadata.labels[f"{P}/validation"] == "passed"
     assert nodes["a1"].metadata.labels["team"] == "ml"  # not ours: untouched
     assert [(t.key, t.value, t.effect) for t in nodes["a2"].spec.taints] == [
+        ("node.kubernetes.io/not-ready", None, "NoSchedule"),
         (TAINT["key"], "failed", "NoSchedule")]
     assert nodes["a2"].metadata.annotations == {f"{P}/failed-checks": "gpu.ecc.uncorrectable",
                                                 f"{P}/last-run-time": NOW.isoformat()}
@@ -122,7 +130,7 @@ class RacingApi(KubeNodeApi):
         return super().patch_node(name, patch)
 
 
-def test_a_conflict_is_read_again_and_retried(cluster: StandIn) -> None:
+def test_a_conflict_is_read_again_and_retried(cluster: LocalApiServer) -> None:
     register(cluster, "r1")
     api = RacingApi(cluster.kubeconfig, core_api(cluster))
     report = reconcile(api, [identity("r1")], {"r1": passed()}, P)
@@ -138,7 +146,7 @@ def test_a_conflict_is_read_again_and_retried(cluster: StandIn) -> None:
     assert node.metadata.labels[f"{P}/validation"] == "passed"
 
 
-def test_dry_run_changes_nothing(cluster: StandIn) -> None:
+def test_dry_run_changes_nothing(cluster: LocalApiServer) -> None:
     register(cluster, "d1")
     before = core_api(cluster).read_node("d1")
     api = KubeNodeApi(cluster.kubeconfig)
@@ -164,14 +172,14 @@ def copy_run(run: Path, to: Path) -> Path:
 
 
 # Hosts of the module's inventory (names with h100 get the H100 captures). Each test gates its
-# own with --limit: the stand-in's Nodes live as long as the module.
+# own with --limit: the API server's Nodes live as long as the module.
 BAD_RUNS = ("stale", "narrow", "cut", "nan", "inf", "empty")
 HOSTS = (*(f"{case}-{mode}-h100" for case in BAD_RUNS for mode in ("dry", "real")),
          "c1-h100", "c2-h100", "c3-h100", "held-h100", "q-h100", "k8s-name-h100")
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory, cluster: StandIn,
+def site(tmp_path_factory: pytest.TempPathFactory, cluster: LocalApiServer,
          fixtures_dir: Path) -> dict[str, Path]:
     """The module's inventory and its runs: ``fresh`` (complete, an hour old, c2 with an Xid
     48 and q with an Xid 79) and ``before`` (the same, two hours old)."""
@@ -221,7 +229,7 @@ EXPECTED = {  # case -> (exit code, what the gate names)
 @pytest.mark.parametrize("mode", ["dry", "real"])
 @pytest.mark.parametrize("case", BAD_RUNS)
 def test_evidence_the_gate_does_not_accept_never_admits_a_node(
-        case: str, mode: str, cluster: StandIn, site: dict[str, Path], fixtures_dir: Path,
+        case: str, mode: str, cluster: LocalApiServer, site: dict[str, Path], fixtures_dir: Path,
         tmp_path: Path) -> None:
     host = f"{case}-{mode}-h100"
     register(cluster, host)
@@ -252,7 +260,7 @@ def test_evidence_the_gate_does_not_accept_never_admits_a_node(
 
 
 def test_evidence_that_cannot_admit_leaves_an_admitted_node_as_it_is(
-        cluster: StandIn, site: dict[str, Path], fixtures_dir: Path, tmp_path: Path) -> None:
+        cluster: LocalApiServer, site: dict[str, Path], fixtures_dir: Path, tmp_path: Path) -> None:
     host = "held-h100"
     register(cluster, host)
     inv = str(site["inventory"])
@@ -272,7 +280,7 @@ def test_evidence_that_cannot_admit_leaves_an_admitted_node_as_it_is(
 
 
 def test_the_gate_command_reports_and_records_every_change(
-        cluster: StandIn, site: dict[str, Path], tmp_path: Path) -> None:
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
     register(cluster, "c1-h100", "c2-h100")  # c3 never joined
     run = copy_run(site["fresh"], tmp_path / "reports")
     inv = gate_runs.write_inventory(tmp_path / "inv", ["c1-h100", "c2-h100", "c3-h100",
@@ -316,7 +324,7 @@ def test_the_gate_command_reports_and_records_every_change(
 
 
 def test_a_hardware_fault_keeps_the_node_out_through_a_clean_run_until_released(
-        cluster: StandIn, site: dict[str, Path], tmp_path: Path) -> None:
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
     host = "q-h100"
     register(cluster, host)
     inv = str(site["inventory"])
@@ -373,7 +381,7 @@ def test_a_hardware_fault_keeps_the_node_out_through_a_clean_run_until_released(
 
 
 def test_the_failed_taint_effect_and_the_freshness_window_are_the_pools(
-        cluster: StandIn, site: dict[str, Path], fixtures_dir: Path, tmp_path: Path) -> None:
+        cluster: LocalApiServer, site: dict[str, Path], fixtures_dir: Path, tmp_path: Path) -> None:
     register(cluster, "fx-h100")
     inv = gate_runs.write_inventory(tmp_path / "inv", ["fx-h100"], prefix=P,
                                     kubeconfig=cluster.kubeconfig,
@@ -407,7 +415,7 @@ def test_the_failed_taint_effect_and_the_freshness_window_are_the_pools(
 
 # -- clear words ------------------------------------------------------------------------------
 def test_a_broken_results_file_is_named_not_an_internal_error(
-        cluster: StandIn, site: dict[str, Path], tmp_path: Path) -> None:
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
     inv = str(site["inventory"])
     no_node = copy_run(site["fresh"], tmp_path / "a")
     gate_runs.drop_column(no_node, "node")
@@ -427,15 +435,12 @@ def test_a_broken_results_file_is_named_not_an_internal_error(
 
 
 def test_a_wrong_ca_says_the_certificate_did_not_verify(
-        cluster: StandIn, site: dict[str, Path], tmp_path: Path) -> None:
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
     register(cluster, "c3-h100")
     before = node_state(cluster, "c3-h100")
-    # Another cluster's CA: a real TLS handshake against the stand-in fails verification.
-    other = tmp_path / "other-ca"
-    other.mkdir()
-    server.init_state(other, cluster.address, PORT)
+    # Another cluster's CA (the real kubeadm's): a real TLS handshake fails verification.
     wrong = tmp_path / "wrong-ca.conf"
-    wrong.write_text(kubeconfig(cluster.url, (other / "pki" / "ca.crt").read_bytes(),
+    wrong.write_text(kubeconfig(cluster.url, make_ca(tmp_path / "other-pki").read_bytes(),
                                 cluster.token))
     code, out, err = gate("-i", str(site["inventory"]), "--limit", "c3-h100", "--run",
                           str(site["fresh"]), "--kubeconfig", str(wrong))
@@ -447,12 +452,12 @@ def test_a_wrong_ca_says_the_certificate_did_not_verify(
 
 
 def test_an_unreachable_or_refusing_api_exits_2_and_changes_nothing(
-        cluster: StandIn, site: dict[str, Path], tmp_path: Path) -> None:
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
     register(cluster, "u1-h100")
     before = core_api(cluster).read_node("u1-h100").metadata.resource_version
     text = cluster.kubeconfig.read_text()
     unreachable = tmp_path / "unreachable.conf"
-    unreachable.write_text(text.replace(cluster.address, standin_address(15)))
+    unreachable.write_text(text.replace(cluster.address, loopback_address(15)))
     refused = tmp_path / "refused.conf"
     refused.write_text(text.replace(cluster.token, "x" * 48))
     run = copy_run(site["fresh"], tmp_path / "reports")
@@ -470,7 +475,7 @@ def test_an_unreachable_or_refusing_api_exits_2_and_changes_nothing(
 
 @pytest.mark.parametrize("prefix", ["kubernetes.io", "node.kubernetes.io", "k8s.io",
                                     "x.k8s.io"])
-def test_a_reserved_prefix_is_refused(cluster: StandIn, site: dict[str, Path],
+def test_a_reserved_prefix_is_refused(cluster: LocalApiServer, site: dict[str, Path],
                                       tmp_path: Path, prefix: str) -> None:
     reserved = "k8s.io" if prefix.endswith("k8s.io") else "kubernetes.io"
     code, _, err = gate("-i", str(site["inventory"]), "--limit", "c1-h100", "--run",
@@ -500,7 +505,7 @@ def test_bad_input_is_a_clear_error(site: dict[str, Path]) -> None:
 
 
 def test_a_renamed_node_is_found_and_a_bad_declaration_stops_before_any_patch(
-        cluster: StandIn, site: dict[str, Path], tmp_path: Path) -> None:
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
     register(cluster, "renamed-node")
     # A host that names a profile that does not exist is the inventory's error: the gate
     # refuses before it touches any Node, naming the variable and where it was set.
