@@ -84,6 +84,9 @@ lint-code: $(STAMP_PY) ## the linters of the project's Python: ruff, mypy --stri
 	$(VENV)/bin/mypy
 
 unit: $(STAMP_PY) ## unit tests (no root, no lab; the report page test needs chromium: make setup)
+	@# The gate's and drift's tests run the built etcd and kube-apiserver (lab/kube/local.py):
+	@# built here if this machine has not built them yet (make setup does), else at once.
+	$(PY) -m lab.kube.build
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
 lab-test: setup ## lab tests: boot hosts, converge, validate, inject faults (root)

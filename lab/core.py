@@ -149,12 +149,10 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
         try:
             state = replace(state, repo_pid=repo.start_server(paths, repo_port))
             save_state(paths, state)
-            controlplane.init(paths, hosts)
             known = [hosts_mod.prepare(paths, h, cached[h.os], pubkey,
                                        nspawn_args=controlplane.nspawn_args(h)) for h in hosts]
             paths.known_hosts.write_text("".join(known))
             controlplane.provision(paths, hosts)
-            controlplane.start(paths, hosts)
             for h in hosts:
                 hosts_mod.start(paths, h)
             deadline = time.monotonic() + BOOT_TIMEOUT_S
@@ -276,7 +274,6 @@ def _teardown(paths: LabPaths, state: LabState) -> int:
         hosts_mod.wait_stopped(paths, h.name, deadline)
         hosts_mod.unmount(paths, h.name)
     repo.stop_server(state.repo_pid)
-    controlplane.stop(paths)  # the stand-in; the real control plane halted with its host
     inventory.remove(paths)
     _cleanup_leftovers(paths)
     return stopped

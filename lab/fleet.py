@@ -8,9 +8,13 @@ Schema (``lab/fleets/<name>.yml``)::
       - {name: node1, pool: pool_h100_sxm, faults: [ecc-uncorrectable]}
       - {name: node2, pool: pool_h100_sxm, os: debian-13}
     control_plane:              # optional: Kubernetes control-plane hosts (no GPUs), group
-      - {name: cp1}             # kube_control_plane; the lab's API server answers on the first
-    kubernetes: stand-in        # or real: the API server there (lab.controlplane), and lab hosts
-                                # that can run a real kubelet (lab.kube.node)
+      - {name: cp1}             # kube_control_plane; real Kubernetes answers on the first
+
+A fleet with a control plane runs real Kubernetes: etcd, kube-apiserver and
+kube-controller-manager built from source and set up by the real kubeadm on the first
+control-plane host (lab.controlplane, lab.kube.cluster), and GPU hosts that can run a real
+kubelet (lab.kube.node). There is no other kind: ``kubernetes: real``, which fleets once had to
+say, is still accepted; anything else is an error.
 
 ``os`` (per pool, or per host overriding its pool's) is one of ``lab.rootfs.OSES``; default
 debian-12 (control-plane hosts too). Each OS boots from its own cached rootfs.
@@ -49,12 +53,9 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 GPU_NODE = "gpu"
 CONTROL_PLANE = "control-plane"
 CONTROL_PLANE_GROUP = "kube_control_plane"
-# What answers on a control-plane host: the SIMULATED API server (lab/apiserver), or real
-# etcd, kube-apiserver and kube-controller-manager set up by the real kubeadm in the host
-# (lab/kube). The stand-in stays the default until the join role and the gate move over.
-STAND_IN = "stand-in"
+# A fleet with a control plane runs real Kubernetes (its hosts' ``kubernetes``); one without
+# has none ("").
 REAL = "real"
-KUBERNETES_KINDS = (STAND_IN, REAL)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class LabHost:
     faults: tuple[str, ...] = field(default_factory=tuple)
     os: str = DEFAULT_OS
     kind: str = GPU_NODE
-    kubernetes: str = STAND_IN  # the fleet's control plane (REAL: its hosts can run kubelets)
+    kubernetes: str = ""  # REAL in a fleet with a control plane: its hosts can run kubelets
 
 
 def address_for(position: int) -> str:
@@ -102,10 +103,11 @@ def load_fleet(name_or_path: str = "default", nodes: int | None = None,
         raise LabError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("pools"), dict) or not data["pools"]:
         raise LabError(f"{path}: needs a non-empty 'pools' mapping")
-    kubernetes = data.get("kubernetes", STAND_IN)
-    if kubernetes not in KUBERNETES_KINDS:
-        raise LabError(f"{path}: kubernetes: {kubernetes!r} is not one of "
-                       f"{', '.join(KUBERNETES_KINDS)}")
+    if data.get("kubernetes", REAL) != REAL:
+        raise LabError(f"{path}: kubernetes: {data['kubernetes']!r}: the lab's control plane is "
+                       "real Kubernetes, set up by kubeadm (the SIMULATED API server stand-in "
+                       "is gone); remove the key")
+    kubernetes = REAL if data.get("control_plane") else ""
     pools: dict[str, str] = {}
     pool_os: dict[str, str] = {}
     for pool, spec in data["pools"].items():
@@ -162,8 +164,6 @@ def load_fleet(name_or_path: str = "default", nodes: int | None = None,
         hosts.append(LabHost(name=name, pool=CONTROL_PLANE_GROUP, hw_profile="",
                              address=address_for(len(hosts) + 1), port=port,
                              kind=CONTROL_PLANE, kubernetes=kubernetes))
-    if kubernetes == REAL and not any(h.kind == CONTROL_PLANE for h in hosts):
-        raise LabError(f"{path}: kubernetes: real needs a control_plane host to run it on")
     return hosts
 
 

@@ -71,7 +71,6 @@ FAULTS: dict[str, str] = {
     "and NCCL runs across nodes over the other rails",
     "ssh-down": "the host's sshd is stopped: the node is unreachable",
     "driver-install-fail": "installing the NVIDIA driver package fails in its postinst (DKMS)",
-    "join-fails": "the cluster's API server refuses the host's kubeadm join (admission denial)",
     "gfd-mismatch": "GPU Feature Discovery labels the node with another GPU product",
     "gpu-busy": "a GPU job holds GPU 0: nvidia-smi --query-compute-apps lists its process",
     "ib-link-flap": "the first HCA's link went down and came back: each time the fault is "

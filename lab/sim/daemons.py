@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """gpuready lab simulator: long-running daemons behind systemd units.
 
-One script, five daemons, picked by env GPUREADY_SIM_TOOL (the package version is env
-GPUREADY_SIM_VERSION): nvidia-persistenced, nv-fabricmanager, kubelet, DCGM's nv-hostengine
-(hostengine() below) and, beside a real kubelet, gpu-feature-discovery (see
+One script, four daemons, picked by env GPUREADY_SIM_TOOL (the package version is env
+GPUREADY_SIM_VERSION): nvidia-persistenced, nv-fabricmanager, DCGM's nv-hostengine
+(hostengine() below) and, beside the real kubelet, gpu-feature-discovery (see
 gpu_feature_discovery). Each names its process like the real one (prctl PR_SET_NAME; the
-kernel keeps 15 bytes of comm, so
-/proc/<pid>/comm reads `nvidia-persiste`, `nv-fabricmanage`, `kubelet`, exactly as the real
-binaries show), logs that it is the simulator, and exits 0 on SIGTERM/SIGINT.
+kernel keeps 15 bytes of comm, so /proc/<pid>/comm reads `nvidia-persiste`,
+`nv-fabricmanage`, exactly as the real binaries show), logs that it is the simulator, and
+exits 0 on SIGTERM/SIGINT.
 
 The node is read from $GPUREADY_LAB_HW (default /opt/gpuready-lab/hw)/{hardware,faults}.json;
 the loaded kernel module from $GPUREADY_LAB_RUN (default /run/gpuready-lab)/
@@ -30,15 +30,12 @@ nv-fabricmanager [-c CFG]
   driver version Y"). While it runs, $GPUREADY_LAB_RUN/nv-fabricmanager.pid holds its pid: the
   lab's CUDA tools (all_reduce_perf) read it, because on real NVSwitch systems CUDA reports
   'system not yet initialized' until the fabric manager has configured the fabric.
-kubelet --version -> `Kubernetes v<version>`; otherwise runs in the foreground, in klog form.
-  Until kubeadm join has written /etc/kubernetes/kubelet.conf it waits (saying so); then, with
-  that kubeconfig's client certificate, it does what the kubelet and the GPU Operator do for a
-  GPU node: GPU Feature Discovery labels (nvidia.com/gpu.product, .count, .memory, ... from
-  hardware.json, as NVML sees the GPUs: none without a loaded driver, one fewer with
-  gpu-missing, another SKU's product with the gfd-mismatch fault) set once when they differ,
-  and every $GPUREADY_SIM_KUBELET_INTERVAL seconds (10) a strategic merge patch of the Node's
-  status: Ready and the pressure conditions with a fresh heartbeat, capacity with
-  nvidia.com/gpu (the device plugin's part), addresses and node info.
+gpu-feature-discovery
+  Once kubeadm join has written /etc/kubernetes/kubelet.conf, with that kubeconfig's client
+  certificate (NodeRestriction lets a kubelet set nvidia.com/ labels on its own Node): GPU
+  Feature Discovery's labels (nvidia.com/gpu.product, .count, .memory, ... from hardware.json,
+  as NVML sees the GPUs: none without a loaded driver, one fewer with gpu-missing, another
+  SKU's product with the gfd-mismatch fault), set whenever they differ.
 """
 
 from __future__ import annotations
@@ -307,7 +304,7 @@ def fabricmanager(args: list[str]) -> int:
     return 0
 
 
-# -- kubelet ------------------------------------------------------------------------------
+# -- GPU Feature Discovery (beside a real kubelet) ------------------------------------------
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
 FLAGS_ENV = "/var/lib/kubelet/kubeadm-flags.env"
 # The node labels GPU Feature Discovery owns (GPU Operator); others are left alone.
@@ -368,69 +365,6 @@ def gfd_labels(hw: dict[str, Any], faults: set[str], driver: str | None,
     }
 
 
-def _first_line(path: str, default: str = "") -> str:
-    try:
-        return _root(path).read_text().splitlines()[0].strip()
-    except (OSError, IndexError):
-        return default
-
-
-def _os_image() -> str:
-    try:
-        for line in _root("/etc/os-release").read_text().splitlines():
-            if line.startswith("PRETTY_NAME="):
-                return line.split("=", 1)[1].strip('"')
-    except OSError:
-        pass
-    return "Linux"
-
-
-def node_status(hw: dict[str, Any], gpus: int, name: str, address: str, version: str,
-                ready_since: str, now: str) -> dict[str, Any]:
-    """The status a kubelet posts: capacity (nvidia.com/gpu from the device plugin),
-    conditions, addresses and node info, in the real objects' shapes."""
-    cpu = hw.get("cpu", {})
-    cpus = int(cpu.get("sockets", 1)) * int(cpu.get("cores_per_socket", 1)) * int(
-        cpu.get("threads_per_core", 1))
-    memory_ki = int(hw.get("memory_gib", 1)) * 1024 * 1024
-    capacity = {"cpu": str(cpus), "ephemeral-storage": "959786032Ki", "hugepages-1Gi": "0",
-                "hugepages-2Mi": "0", "memory": f"{memory_ki}Ki", "pods": "110"}
-    allocatable = {**capacity, "ephemeral-storage": "884538811732",
-                   "memory": f"{memory_ki - 102400}Ki"}
-    if gpus:
-        capacity["nvidia.com/gpu"] = allocatable["nvidia.com/gpu"] = str(gpus)
-
-    def condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
-        return {"type": kind, "status": status, "lastHeartbeatTime": now,
-                "lastTransitionTime": ready_since, "reason": reason, "message": message}
-
-    machine_id = _first_line("/etc/machine-id")
-    return {
-        "capacity": capacity, "allocatable": allocatable,
-        "conditions": [
-            condition("MemoryPressure", "False", "KubeletHasSufficientMemory",
-                      "kubelet has sufficient memory available"),
-            condition("DiskPressure", "False", "KubeletHasNoDiskPressure",
-                      "kubelet has no disk pressure"),
-            condition("PIDPressure", "False", "KubeletHasSufficientPID",
-                      "kubelet has sufficient PID available"),
-            condition("Ready", "True", "KubeletReady", "kubelet is posting ready status")],
-        "addresses": [{"type": "InternalIP", "address": address},
-                      {"type": "Hostname", "address": name}],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-        "nodeInfo": {
-            "machineID": machine_id,
-            "systemUUID": (f"{machine_id[:8]}-{machine_id[8:12]}-{machine_id[12:16]}-"
-                           f"{machine_id[16:20]}-{machine_id[20:32]}" if len(machine_id) == 32
-                           else ""),
-            "bootID": _first_line("/proc/sys/kernel/random/boot_id"),
-            "kernelVersion": os.uname().release, "osImage": _os_image(),
-            "containerRuntimeVersion": "containerd://1.6.20",
-            "kubeletVersion": f"v{version}", "kubeProxyVersion": f"v{version}",
-            "operatingSystem": "linux", "architecture": "amd64"},
-    }
-
-
 def _node_name() -> str:
     try:
         text = _root(FLAGS_ENV).read_text()
@@ -440,74 +374,6 @@ def _node_name() -> str:
         if word.startswith("--hostname-override="):
             return word.split("=", 1)[1]
     return os.uname().nodename
-
-
-def kubelet(args: list[str]) -> int:
-    version = os.environ.get("GPUREADY_SIM_VERSION", "1.30.5")
-    if any(a == "--version" or a.startswith("--version=") for a in args):
-        print(f"Kubernetes v{version}")
-        return 0
-    set_process_name("kubelet")
-    _install_signals()
-    import kubeclient  # noqa: PLC0415 (the kubelet alone talks to the API)
-
-    pid = os.getpid()
-    interval = float(os.environ.get("GPUREADY_SIM_KUBELET_INTERVAL", "10"))
-
-    def klog(message: str, level: str = "I") -> None:
-        now = time.time()
-        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now))
-        micro = int((now % 1) * 1e6)
-        print(f"{level}{stamp}.{micro:06d} {pid:7d} kubelet.go:1] {message}", flush=True)
-
-    klog(f'"Kubelet version" kubeletVersion="v{version}"')
-    conf = _root(KUBELET_CONF)
-    if not conf.exists():
-        klog(f'"{SIMULATOR}: kubelet is waiting for kubeadm join" node="{os.uname().nodename}"')
-    while not conf.exists():
-        if _stop.wait(2.0):
-            klog('"Shutdown signal received, stopping kubelet"')
-            return 0
-    name = _node_name()
-    client = kubeclient.kubeconfig_client(conf)
-    try:
-        address = socket.gethostbyname(os.uname().nodename)
-    except OSError:
-        address = "127.0.0.1"
-    ready_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    klog(f'"{SIMULATOR}: kubelet started" node="{name}" server="{client.server}"')
-    labelled = False
-    while True:
-        hw, faults = _load()
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        driver = _module_version()
-        try:
-            if not labelled:
-                # GPU Feature Discovery's part: its labels, set when they differ.
-                node = client.request("GET", f"/api/v1/nodes/{name}")
-                current = {k: v for k, v in (node["metadata"].get("labels") or {}).items()
-                           if k.startswith(GFD_PREFIX) and k != "nvidia.com/gfd.timestamp"}
-                wanted = gfd_labels(hw, faults, driver, int(time.time()))
-                if current != {k: v for k, v in wanted.items()
-                               if k != "nvidia.com/gfd.timestamp"}:
-                    stale = {k: None for k in current if k not in wanted}
-                    client.request("PATCH", f"/api/v1/nodes/{name}",
-                                   {"metadata": {"labels": {**stale, **wanted}}},
-                                   "application/strategic-merge-patch+json")
-                    klog(f'"{SIMULATOR}: GPU Feature Discovery labels set" node="{name}" '
-                         f'gpus="{wanted.get("nvidia.com/gpu.count", "0")}"')
-                labelled = True
-            gpus = int(gfd_labels(hw, faults, driver, 0).get("nvidia.com/gpu.count", "0"))
-            client.request("PATCH", f"/api/v1/nodes/{name}/status",
-                           {"status": node_status(hw, gpus, name, address, version,
-                                                  ready_since, now)},
-                           "application/strategic-merge-patch+json")
-        except kubeclient.ApiFailure as exc:
-            klog(f'"Error updating node status, will retry" err="{exc}"', "E")
-        if _stop.wait(interval):
-            break
-    klog('"Shutdown signal received, stopping kubelet"')
-    return 0
 
 
 def gpu_feature_discovery(args: list[str]) -> int:
@@ -593,7 +459,6 @@ DAEMONS = {
     "nv-hostengine": hostengine,
     "nvidia-persistenced": persistenced,
     "nv-fabricmanager": fabricmanager,
-    "kubelet": kubelet,
     "gpu-feature-discovery": gpu_feature_discovery,
 }
 

@@ -24,7 +24,7 @@ CONTRACT_FAULTS = {
     "gpu-missing", "ecc-uncorrectable", "row-remap-pending", "pcie-degraded", "nvlink-down",
     "xid-79", "xid-48", "nccl-low-busbw", "nccl-wrong-results", "tool-hang",
     "driver-not-loaded", "ib-port-down", "ssh-down", "driver-install-fail",
-    "join-fails", "gfd-mismatch",  # the cluster (issue 7)
+    "gfd-mismatch",  # the cluster (issue 7)
     "nccl-busbw-drop", "gpu-busy",  # drift (issue 10)
     "ib-link-degraded", "ib-rail-down",  # the fabric (issue 11)
     "mig-gpu-off", "ib-link-flap",  # MIG as declared, IB error counters (issue 31)

@@ -54,7 +54,7 @@ def stop(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
     ("tool", "version", "args", "comm"),
     [
         ("nvidia-persistenced", "550.90.07", ["--foreground", "--verbose"], "nvidia-persiste"),
-        ("kubelet", "1.30.5", [], "kubelet"),
+        ("gpu-feature-discovery", "0.17.0", [], "gpu-feature-dis"),
     ],
 )
 def test_daemon_names_itself_and_stops_cleanly(node, tool, version, args, comm):
@@ -106,13 +106,6 @@ def test_fabricmanager_exits_without_nvswitch_and_on_version_mismatch(node: Path
         mismatch.stderr
     )
     assert not (node / "run" / "nv-fabricmanager.pid").exists()
-
-
-def test_kubelet_version():
-    out = subprocess.run([sys.executable, str(SIM), "--version"],
-                         env={"GPUREADY_SIM_TOOL": "kubelet", "GPUREADY_SIM_VERSION": "1.30.5"},
-                         capture_output=True, text=True, timeout=10, check=True)
-    assert out.stdout == "Kubernetes v1.30.5\n"
 
 
 def test_persistenced_forks_like_the_packaged_unit_expects(node: Path):
