@@ -483,6 +483,14 @@ def test_bad_input_fails_before_any_change_naming_the_variable(
         assert roles <= {"preflight", None, ""}, (host, roles)
     assert "h100-sxm5-80gb-9x" in run.failures("node3")[0][2]
     assert "missing required arguments: gpu_profile" in run.failures(BROKEN)[0][2]
+    # A DCGM pin that is no exact release (YAML reads 3.3 as a number) fails there too.
+    run = lab.playbook(limit="node1", cmdline="-e '{\"nvidia_dcgm_version\": 3.3}'",
+                       label="bad DCGM pin")
+    assert run.rc != 0
+    assert run.count("changed", "node1") == 0
+    [(role, _task, message)] = run.failures("node1")
+    assert role == "preflight", message
+    assert "nvidia_dcgm_version 3.3 is not an exact DCGM release" in message, message
 
 
 def test_each_host_gets_its_own_os_repository_and_names(
@@ -574,6 +582,9 @@ def test_validators_pass_on_the_healthy_debian_13_host(
     driver = results[results["check"] == "gpu.driver"]
     assert not driver.empty and driver["status"].eq("pass").all()
     assert driver["detail"].str.contains("590.48.01").any(), driver.to_string()
+    # DCGM 4 (the nvidia_dcgm role's Debian 13 pin) is installed and its level-1 diagnostic ran.
+    dcgm = results[results["check"] == "dcgm.diag"]
+    assert not dcgm.empty and dcgm["status"].eq("pass").all(), dcgm.to_string()
 
 
 UBUNTU_2004 = """PRETTY_NAME="Ubuntu 20.04.6 LTS"
