@@ -164,6 +164,28 @@ Restart=on-abort
 WantedBy=multi-user.target
 """
 
+# DCGM 4's unit (tests/fixtures/vendor-repos/excerpts/nvidia-dcgm-4.6.0-nvidia-dcgm.service.in):
+# no Conflicts= any more, dcgm.service is an alias of it.
+DCGM4_UNIT = """[Unit]
+Description=NVIDIA DCGM service (gpuready lab simulator)
+After=nvidia-gpu-reset.target
+Wants=nvidia-gpu-reset.target
+
+[Service]
+User=root
+PrivateTmp=false
+
+Environment="DCGM_HOME_DIR=/var/log/nvidia-dcgm"
+
+ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
+
+Restart=on-abort
+
+[Install]
+Alias=dcgm.service
+WantedBy=multi-user.target
+"""
+
 FABRICMANAGER_UNIT = """[Unit]
 Description=NVIDIA fabric manager service (gpuready lab simulator)
 After=network-online.target
@@ -347,23 +369,45 @@ def _cuda_packages(os_key: str) -> list[Package]:
                    File("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),
                    File("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG)),
             postinst=RELOAD))
-    dcgm = cuda.get("dcgm")
-    for release in (dcgm or {}).get("versions", []):
-        assert dcgm is not None
-        upstream = release["upstream"]
-        pkgs.append(Package(
-            repo, dcgm["name"], _render(dcgm["package_version"], upstream=upstream),
-            "NVIDIA Datacenter GPU Manager (DCGM)", section="non-free/utils",
-            files=(_bin("/usr/bin/dcgmi", "dcgmi", "dcgmi.py", upstream),
-                   _bin("/usr/bin/nv-hostengine", "nv-hostengine", "daemons.py", upstream),
-                   File(f"/lib/systemd/system/{dcgm['service']['unit']}.service", DCGM_UNIT)),
-            postinst=RELOAD))
+    for series, dcgm in cuda.get("dcgm", {}).get("series", {}).items():
+        pkgs += _dcgm_packages(repo, series, dcgm)
     for nccl in cuda["nccl"]["versions"]:
         pkgs.append(Package(repo, cuda["nccl"]["name"], nccl["version"],
                             "NVIDIA Collective Communication Library (NCCL) Runtime",
                             files=(File("/usr/share/doc/libnccl2/README.gpuready-lab",
                                         "Simulated NCCL: collective results come from the "
                                         "gpuready lab simulator.\n"),)))
+    return pkgs
+
+
+def _dcgm_packages(repo: str, series: str, dcgm: dict[str, Any]) -> list[Package]:
+    """One DCGM series at every version the facts list: DCGM 3's one package, or DCGM 4's core
+    (dcgmi, nv-hostengine and the unit) and one diagnostics package per CUDA major, with the
+    relations the facts name (the CUDA package depends on the core at its exact version)."""
+    pkgs: list[Package] = []
+    relations = dcgm.get("relations", [])
+    unit = File(f"/lib/systemd/system/{dcgm['service']['unit']}.service",
+                DCGM_UNIT if series == "3" else DCGM4_UNIT)
+    for release in dcgm["versions"]:
+        upstream = release["upstream"]
+        version = _render(dcgm["package_version"], upstream=upstream)
+        # (name, the CUDA major it is for): a {cuda} name once per major the release lists.
+        names = [(_render(n, cuda=c), c) for n in dcgm["packages"]
+                 for c in (release.get("cuda", []) if "{cuda}" in n else [""])]
+        for i, (name, cuda_major) in enumerate(names):
+            depends = tuple(_render(r["depends"], version=version) for r in relations
+                            if "depends" in r and _render(r["package"], cuda=cuda_major) == name)
+            conflicts = tuple(r["conflicts"] for r in relations
+                              if "conflicts" in r and r["package"] == name)
+            tools = i == 0  # the first package carries the tools and the unit
+            files = ((_bin("/usr/bin/dcgmi", "dcgmi", "dcgmi.py", upstream),
+                      _bin("/usr/bin/nv-hostengine", "nv-hostengine", "daemons.py", upstream),
+                      unit) if tools else (_doc(name, f"DCGM {upstream} diagnostics"),))
+            pkgs.append(Package(
+                repo, name, version, "NVIDIA Datacenter GPU Manager (DCGM)" + (
+                    "" if tools else f" binaries for CUDA{cuda_major} systems"),
+                section="non-free/utils", depends=depends, conflicts=conflicts, files=files,
+                postinst=RELOAD if tools else None))
     return pkgs
 
 

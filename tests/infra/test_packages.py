@@ -142,3 +142,20 @@ def test_mpirun_on_rdma_pools(host: Any, desired: Desired) -> None:
 @pytest.mark.parametrize("binary", ["fio", "all_reduce_perf"])
 def test_validation_binaries_on_path(host: Any, binary: str) -> None:
     assert host.exists(binary)
+
+
+def _dcgm_packages(desired: Desired) -> tuple[list[str], str]:
+    """(DCGM packages of the pinned series, with DCGM 4's CUDA major, and their version)."""
+    pin = str(desired["nvidia_dcgm_version"])
+    series = desired.os_table("nvidia_dcgm")["_nvidia_dcgm_series"][pin.partition(".")[0]]
+    by_branch = desired.os_table("nvidia_dcgm")["_nvidia_dcgm_cuda_by_driver_branch"]
+    cuda = str(desired["nvidia_dcgm_cuda_major"]) or (
+        by_branch["from_580"] if int(desired["nvidia_driver_branch"]) >= 580
+        else by_branch["before_580"])
+    return ([name.replace("{cuda}", cuda) for name in series["packages"]],
+            series["package_version"].replace("{upstream}", pin))
+
+
+def test_dcgm_pinned_and_held(host: Any, desired: Desired) -> None:
+    packages, version = _dcgm_packages(desired)
+    assert {p: dpkg_state(host, p) for p in packages} == {p: (HELD, version) for p in packages}

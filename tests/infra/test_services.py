@@ -39,3 +39,11 @@ def test_nvidia_smi_reports_pinned_driver_and_gpu_count(host: Any, desired: Desi
     assert {row[0].strip() for row in rows} == {desired["nvidia_driver_version"]}
     assert {int(row[1]) for row in rows} == {gpu_count}
     assert len(rows) == gpu_count
+
+
+def test_dcgm_host_engine_running_and_enabled(host: Any, desired: Desired) -> None:
+    service = host.service("nvidia-dcgm")
+    assert (service.is_running, service.is_enabled) == (True, True)
+    version = host.run("dcgmi --version")
+    assert version.rc == 0 and str(desired["nvidia_dcgm_version"]) in version.stdout, (
+        version.stdout + version.stderr)

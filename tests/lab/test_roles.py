@@ -83,7 +83,19 @@ SPARED_TASKS = (
     "Read the kubelet binary's version and whether kubelet is enabled, after the change",
     # gpu_validation_tools
     "Read the validation tools' packages, fio and the tools' paths again after a change",
+    # nvidia_dcgm
+    "Enable and start the DCGM host engine",
+    "Read the DCGM host engine's unit state and dcgmi's version again after the changes",
 )
+# What the nvidia_dcgm role installs per OS (the lab pins DCGM 3.3.6 on Debian 12 and 4.6.0 on
+# Debian 13, whose 590 driver branch takes the CUDA 13 diagnostics).
+DCGM_PACKAGES = {
+    "debian-12": {"datacenter-gpu-manager": "1:3.3.6"},
+    "debian-13": {"datacenter-gpu-manager-4-core": "1:4.6.0-1",
+                  "datacenter-gpu-manager-4-cuda13": "1:4.6.0-1"},
+}
+DCGM_NOT_WANTED = {"debian-12": ("datacenter-gpu-manager-4-core",),
+                   "debian-13": ("datacenter-gpu-manager", "datacenter-gpu-manager-4-cuda12")}
 
 
 @dataclass(frozen=True)
@@ -259,6 +271,37 @@ def test_one_apt_update_reads_every_vendor_repository(first_converge: PlaybookRu
         assert [res.get("cache_updated", False) for res in installs].count(True) == 1, (
             host, [res.get("invocation", {}).get("module_args", {}).get("name")
                    for res in installs if res.get("cache_updated")])
+
+
+def test_dcgm_is_installed_and_its_host_engine_runs(lab: Lab,
+                                                    first_converge: PlaybookRun) -> None:
+    """The nvidia_dcgm role (issue 31): DCGM from the CUDA repository at the pin, held, and the
+    host engine (nvidia-dcgm, running the simulated nv-hostengine) active and enabled."""
+    for host in HEALTHY:
+        os_key = lab.state.host(host).os
+        wanted = DCGM_PACKAGES[os_key]
+        names = [*wanted, *DCGM_NOT_WANTED[os_key]]
+        proc = ssh(lab.address(host), (
+            "dpkg-query -W -f='${Package} ${Version} ${Status}\\n' " + " ".join(names)
+            + " 2>/dev/null; echo unit $(systemctl is-active nvidia-dcgm)"
+            " $(systemctl is-enabled nvidia-dcgm);"
+            " test -e /run/gpuready-lab/nv-hostengine.pid && echo engine-pid; dcgmi --version"))
+        lines = proc.stdout.splitlines()
+        installed = {line.split(" ")[0]: line.split(" ", 2)[1:] for line in lines
+                     if line.endswith(" installed")}
+        assert installed == {name: [version, "hold ok installed"]
+                             for name, version in wanted.items()}, (host, proc.stdout)
+        assert "unit active enabled" in lines, (host, proc.stdout)
+        assert "engine-pid" in lines, (host, proc.stdout)
+        # dcgmi answers with the pinned release (1:<release>[-1]).
+        release = next(iter(wanted.values())).split(":")[1].split("-")[0]
+        assert release in proc.stdout.split("engine-pid", 1)[-1], (host, proc.stdout)
+    # The role's own final assert ran and passed on each healthy host.
+    for host in HEALTHY:
+        asserted = [e for e in first_converge.host_events(host, "runner_on_ok")
+                    if e["event_data"]["task"]
+                    == "Assert the DCGM host engine runs and dcgmi is the pinned release"]
+        assert asserted, host
 
 
 @pytest.fixture(scope="module")
@@ -440,6 +483,14 @@ def test_bad_input_fails_before_any_change_naming_the_variable(
         assert roles <= {"preflight", None, ""}, (host, roles)
     assert "h100-sxm5-80gb-9x" in run.failures("node3")[0][2]
     assert "missing required arguments: gpu_profile" in run.failures(BROKEN)[0][2]
+    # A DCGM pin that is no exact release (YAML reads 3.3 as a number) fails there too.
+    run = lab.playbook(limit="node1", cmdline="-e '{\"nvidia_dcgm_version\": 3.3}'",
+                       label="bad DCGM pin")
+    assert run.rc != 0
+    assert run.count("changed", "node1") == 0
+    [(role, _task, message)] = run.failures("node1")
+    assert role == "preflight", message
+    assert "nvidia_dcgm_version 3.3 is not an exact DCGM release" in message, message
 
 
 def test_each_host_gets_its_own_os_repository_and_names(
@@ -531,6 +582,9 @@ def test_validators_pass_on_the_healthy_debian_13_host(
     driver = results[results["check"] == "gpu.driver"]
     assert not driver.empty and driver["status"].eq("pass").all()
     assert driver["detail"].str.contains("590.48.01").any(), driver.to_string()
+    # DCGM 4 (the nvidia_dcgm role's Debian 13 pin) is installed and its level-1 diagnostic ran.
+    dcgm = results[results["check"] == "dcgm.diag"]
+    assert not dcgm.empty and dcgm["status"].eq("pass").all(), dcgm.to_string()
 
 
 UBUNTU_2004 = """PRETTY_NAME="Ubuntu 20.04.6 LTS"

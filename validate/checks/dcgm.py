@@ -36,9 +36,9 @@ CODE_GPU_BUSY = "dcgm.diag.gpu_busy"
 COMPUTE_APPS = ("nvidia-smi", "--query-compute-apps=timestamp,gpu_name,gpu_bus_id,gpu_serial,"
                 "gpu_uuid,pid,process_name,used_gpu_memory", "--format=csv")
 DEFAULT_TIMEOUT_S = {1: 120.0, 2: 900.0, 3: 3600.0}
-# The inventory's DCGM pin (for the DCGM install role issue 31 still asks for; no role reads it
-# yet): where it is set, a node without dcgmi is an error; where it is not, DCGM is not part of
-# the node and the check is a skip row saying so.
+# The inventory's DCGM pin, the release the nvidia_dcgm role installs: where it is set, a node
+# without dcgmi is an error; where it is not, DCGM is not part of the node and the check is a
+# skip row saying so.
 DCGM_PIN = "nvidia_dcgm_version"
 _GPU = re.compile(r"\bGPU\s*(\d+)\b")
 # Every code the check emits (the actions catalogue has one entry per code).

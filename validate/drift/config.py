@@ -87,6 +87,7 @@ ROLE_LAYERS: dict[str, Layer] = {
     "preflight": Layer.CONFIGURATION,
     "gpu_kernel_prereqs": Layer.RUNTIME,
     "nvidia_driver": Layer.VERSIONS,
+    "nvidia_dcgm": Layer.VERSIONS,
     "containerd": Layer.RUNTIME,
     "nvidia_container_toolkit": Layer.RUNTIME,
     "kubelet": Layer.VERSIONS,

@@ -161,10 +161,12 @@ def _cuda_universe(os_key: str) -> dict[tuple[str, str], str]:
         universe[(fm, _render(fabric["package_version"], upstream=upstream))] = "fabricmanager"
     for nccl in facts["nccl"]["versions"]:
         universe[(facts["nccl"]["name"], nccl["version"])] = "nccl"
-    dcgm = facts.get("dcgm", {})
-    for release in dcgm.get("versions", []):
-        universe[(dcgm["name"], _render(dcgm["package_version"],
-                                        upstream=release["upstream"]))] = "dcgm"
+    for dcgm in facts.get("dcgm", {}).get("series", {}).values():
+        for release in dcgm["versions"]:
+            version = _render(dcgm["package_version"], upstream=release["upstream"])
+            for name in dcgm["packages"]:
+                for cuda in release.get("cuda", []) if "{cuda}" in name else [""]:
+                    universe[(_render(name, cuda=cuda), version)] = "dcgm"
     return universe
 
 
