@@ -424,6 +424,27 @@ def test_bad_input_fails_the_host_alone_and_leaves_it_not_joined(
                f'"{token_id}"' in f
                for f in stale.failures("node2")), stale.failures("node2")
     assert not cluster.joined("node2")
+    # A kubelet that cannot start: a setting it refuses (the lab's own per-host settings kept;
+    # extra vars, since the lab inventory sets this variable per host), with kubeadm told to
+    # wait 20 s for its health check instead of 4 minutes. The failure names the kubelet's own
+    # reason; kubeadm reset undoes what the join began, so the host is left without
+    # kubelet.conf and no kubelet running, and the next run joins it.
+    address = cluster.state.host("node2").address
+    refused = cluster.playbook("join.yml", limit="node2", label="join.yml (kubelet refuses)",
+                               extravars={
+                                   "node_join_kubelet_configuration": {
+                                       "address": address, "healthzBindAddress": address,
+                                       "maxPods": -1},
+                                   "node_join_kubelet_health_timeout": "20s"})
+    assert any("The kubelet did not start:" in f and "failed to validate kubelet configuration"
+               in f and "maxPods (--max-pods) -1 must not be a negative number" in f
+               and "kubeadm reset undid the unfinished join" in f
+               for f in refused.failures("node2")), refused.failures("node2")
+    assert not cluster.joined("node2")
+    kubelet = ssh(address, "systemctl is-active kubelet; test -e /var/lib/kubelet/config.yaml"
+                  " && echo config-left || echo no-config")
+    assert kubelet.stdout.split()[-1] == "no-config", kubelet.stdout
+    assert kubelet.stdout.split()[0] == "inactive", kubelet.stdout  # reset stopped it
     # The control plane down: no token can be made, the join fails with that reason, and the
     # gate exits 2 having changed nothing.
     labels_before = cluster.node("node1")["metadata"]["labels"]
