@@ -6,6 +6,7 @@ Kubernetes' api.proto (the committed descriptor set, itself checked against prot
 from __future__ import annotations
 
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -179,14 +180,20 @@ def test_registers_and_lists_one_healthy_device_per_gpu(node: Node) -> None:
     assert REGISTERED in said
 
 
-def test_a_gpu_missing_at_start_is_not_listed(node: Node) -> None:
-    node.faults("gpu-missing")
+def test_device_ids_are_the_uuids_nvidia_smi_lists(node: Node) -> None:
+    node.faults("gpu-missing")  # the last GPU fell off the bus before the plugin started
     node.kubelet.start()
     node.start_plugin()
     node.kubelet.registration()
     with node.kubelet.channel("nvidia-gpu.sock") as channel:
         first = next(node.kubelet.list_and_watch(channel))
-    assert [d.ID for d in first.devices] == UUIDS[:-1]
+    smi = subprocess.run([sys.executable, str(SIM.with_name("nvidia_smi.py")), "-L"],
+                         env={"GPUREADY_LAB_HW": str(node.hw), "GPUREADY_LAB_RUN":
+                              str(node.root / "run"), "GPUREADY_SIM_VERSION": "550.90.07",
+                              "GPUREADY_SIM_TOOL": "nvidia-smi", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=30, check=True)
+    listed = re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)", smi.stdout)
+    assert [d.ID for d in first.devices] == listed == UUIDS[:-1]
 
 
 def test_xid_faults_turn_their_gpu_unhealthy_in_the_stream(node: Node) -> None:
