@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             ))["gpuready_label_prefix"].replace(".", "\\.")
         subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o",
                         "custom-columns=NAME:.metadata.name,TAINTS:.spec.taints[*].key,"
-                        f"FAILED-CHECKS:.metadata.annotations.{prefix}/failed-checks"],
+                        f"FAILED-CHECKS:.metadata.annotations.{prefix}/failed-checks,"
+                        # The kubelet's device manager, from the SIMULATED device plugin.
+                        "GPU-CAPACITY:.status.capacity.nvidia\\.com/gpu,"
+                        "GPU-ALLOCATABLE:.status.allocatable.nvidia\\.com/gpu"],
                        check=False)
     if latest.exists():
         print(f"demo: report: {latest.resolve()}/summary.md (and index.html, results.parquet, "

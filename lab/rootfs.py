@@ -53,6 +53,10 @@ INCLUDE = (
 # Downloaded (not installed) into the image's apt cache so that the roles' real installs of
 # Debian packages on many hosts do not each fetch them again.
 PREFETCH = ("containerd", "runc", "fio")
+# Installed for the lab's own simulators, not for the roles: the SIMULATED NVIDIA device plugin
+# (lab/sim/device_plugin.py) speaks the kubelet's device plugin gRPC API with Debian's gRPC and
+# protobuf runtimes (grpcio 1.51, protobuf 3.21 on both bookworm and trixie).
+SIM_PACKAGES = ("python3-grpcio", "python3-protobuf")
 
 SSHD_CONF = """\
 # gpuready lab host: keys only; the lab writes ListenAddress per host before first boot.
@@ -131,6 +135,7 @@ def recipe(os_key: str = DEFAULT_OS) -> dict[str, object]:
         "mirror": MIRROR,
         "include": INCLUDE,
         "prefetch": PREFETCH,
+        "sim_packages": SIM_PACKAGES,
         "sshd": SSHD_CONF,
         "release": RELEASE_NOTE,
         "faults_unit": FAULTS_UNIT,
@@ -256,3 +261,6 @@ def _customise(root: Path) -> None:
     _run(["chroot", str(root), "apt-get", "update", "-qq"], "apt-get update in the rootfs")
     _run(["chroot", str(root), "apt-get", "install", "-qq", "--download-only", "-y",
           *PREFETCH], "prefetching packages in the rootfs")
+    _run(["chroot", str(root), "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install",
+          "-qq", "-y", "--no-install-recommends", *SIM_PACKAGES],
+         "installing the simulators' packages in the rootfs")

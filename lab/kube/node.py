@@ -32,6 +32,11 @@ Two more things a cluster's add-ons would give a node, which the lab puts in the
 - a SIMULATED GPU Feature Discovery (``gpuready-lab-gfd.service``, lab/sim/daemons.py): once the
   host has joined, it puts GFD's labels (from the host's simulated hardware) on its Node with the
   kubelet's credentials, as the GPU Operator's GFD pod would with its own.
+- a SIMULATED NVIDIA device plugin (``gpuready-lab-device-plugin.service``,
+  lab/sim/device_plugin.py): it registers with the real kubelet over the kubelet's device plugin
+  gRPC API (Debian's python3-grpcio, in the lab rootfs) and lists one device per simulated GPU,
+  Unhealthy after an Xid fault, so the kubelet's own device manager puts ``nvidia.com/gpu`` into
+  the Node's capacity and allocatable; it registers again whenever the kubelet restarts.
 """
 
 from __future__ import annotations
@@ -60,6 +65,21 @@ After=kubelet.service
 [Service]
 Environment=GPUREADY_SIM_TOOL=gpu-feature-discovery
 ExecStart=/usr/bin/python3 /opt/gpuready-lab/sim/daemons.py
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+DEVICE_PLUGIN_UNIT_NAME = "gpuready-lab-device-plugin.service"
+DEVICE_PLUGIN_UNIT = """\
+[Unit]
+Description=NVIDIA device plugin (SIMULATED by the gpuready lab, from the simulated hardware)
+After=kubelet.service
+
+[Service]
+ExecStart=/usr/bin/python3 /opt/gpuready-lab/sim/device_plugin.py
 Restart=always
 RestartSec=5
 
@@ -139,6 +159,8 @@ def provision(root: Path, address: str) -> None:
     _enable(units, UNIT_NAME, "sysinit.target")
     (units / GFD_UNIT_NAME).write_text(GFD_UNIT)
     _enable(units, GFD_UNIT_NAME, "multi-user.target")
+    (units / DEVICE_PLUGIN_UNIT_NAME).write_text(DEVICE_PLUGIN_UNIT)
+    _enable(units, DEVICE_PLUGIN_UNIT_NAME, "multi-user.target")
     cni = root / CNI_CONFIG.lstrip("/")
     cni.parent.mkdir(parents=True, exist_ok=True)
     cni.write_text(cni_config(address))

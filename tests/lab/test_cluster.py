@@ -19,6 +19,9 @@ module; the tests run in file order on it:
 - bad input on node2, made to not have joined: a wrong CA pin, an expired token, the control
   plane down (the gate then exits 2 and changes nothing);
   each fails that host alone and leaves it without kubelet.conf; then it joins;
+- the SIMULATED NVIDIA device plugin has registered with each host's real kubelet (again after
+  the kubelet restarts above): the kubelet's device manager puts one ``nvidia.com/gpu`` per
+  simulated GPU into the Node's capacity, and an Xid fault takes its GPU out of allocatable;
 - no join token appears in runner artifacts, reports, logs, journals or host files.
 
 The validators run every check: the gate admits a node only on a run that covers every check
@@ -469,6 +472,51 @@ def test_bad_input_fails_the_host_alone_and_leaves_it_not_joined(
     joined = cluster.playbook("join.yml", label="join.yml (node2 again)")
     assert joined.rc == 0, joined.failures("node2")
     assert cluster.joined("node2") and _taint_keys(cluster.node("node2")) == [TAINT_KEY]
+
+
+DEVICE_PLUGIN_UNIT = "gpuready-lab-device-plugin.service"
+
+
+def _wait_gpus(cluster: Cluster, name: str, capacity: int, allocatable: int,
+               timeout: float = 120) -> None:
+    """Wait for the kubelet's status update to show these nvidia.com/gpu counts."""
+    deadline = time.monotonic() + timeout
+    seen: tuple[str | None, str | None] = (None, None)
+    while time.monotonic() < deadline:
+        status = cluster.node(name)["status"]
+        seen = (status.get("capacity", {}).get("nvidia.com/gpu"),
+                status.get("allocatable", {}).get("nvidia.com/gpu"))
+        if seen == (str(capacity), str(allocatable)):
+            return
+        time.sleep(2)
+    journal = hosts.host_exec(cluster.paths, name, ["journalctl", "--no-pager", "-n", "30",
+                                                    "-u", DEVICE_PLUGIN_UNIT, "-u", "kubelet"])
+    raise AssertionError(f"{name}: nvidia.com/gpu capacity/allocatable {seen}, not "
+                         f"({capacity}, {allocatable}) in {timeout:.0f} s:\n{journal.stdout}")
+
+
+def test_the_device_plugin_puts_each_node_s_gpus_into_its_capacity(
+        cluster: Cluster, first_site: PlaybookRun) -> None:
+    del first_site
+    gpus = {}
+    for name in ("node1", "node2"):
+        hardware = cluster.paths.host_dir(name) / "hw" / "hardware.json"
+        gpus[name] = len(json.loads(hardware.read_text())["gpus"])
+        # node2's ecc-uncorrectable (counters) raises no Xid event: every GPU stays allocatable.
+        _wait_gpus(cluster, name, capacity=gpus[name], allocatable=gpus[name])
+        journal = hosts.host_exec(cluster.paths, name, ["journalctl", "--no-pager", "-o", "cat",
+                                                        "-u", DEVICE_PLUGIN_UNIT]).stdout
+        assert "SIMULATED" in journal
+        # Each kubelet start (kubeadm join's, and the resets and joins above) makes a new
+        # kubelet.sock: the plugin registers again only when it sees one.
+        assert journal.count("Registered device plugin for 'nvidia.com/gpu' with Kubelet") >= 2
+    # An Xid (GPU 0's double bit ECC error) makes the plugin report that GPU Unhealthy: the
+    # kubelet keeps it in capacity and takes it out of allocatable.
+    core.set_faults(cluster.paths, "node1", add=["xid-48"], remove=[], clear=False)
+    try:
+        _wait_gpus(cluster, "node1", capacity=gpus["node1"], allocatable=gpus["node1"] - 1)
+    finally:
+        core.set_faults(cluster.paths, "node1", add=[], remove=["xid-48"], clear=False)
 
 
 def _files(root: Path) -> Iterator[Path]:

@@ -244,6 +244,38 @@ def test_real_kubeadm_join_makes_a_ready_node(nodes: LabState, name: str,
     assert "can only read" in other.stderr or "only its own Node object" in other.stderr
 
 
+def test_the_device_plugin_registers_with_the_real_kubelet_on_both_releases(
+        nodes: LabState) -> None:
+    """The SIMULATED NVIDIA device plugin (lab/sim/device_plugin.py, with Debian 12's and
+    Debian 13's python3-grpcio and python3-protobuf) registers with each joined kubelet once
+    the simulated driver is loaded, and the kubelet's device manager puts one nvidia.com/gpu
+    per simulated GPU into the Node's capacity and allocatable."""
+    paths = LabPaths.default()
+    for name in ("node1", "node2"):
+        # No roles run here: load the simulated driver as gpuready-lab-modules.service does at
+        # boot once a driver is installed.
+        ok(paths, name, ["sh", "-c", "mkdir -p /run/gpuready-lab && "
+                         "echo 550.90.07 > /run/gpuready-lab/nvidia-module-version"])
+    for name in ("node1", "node2"):
+        gpus = str(len(json.loads((paths.host_dir(name) / "hw/hardware.json").read_text())
+                       ["gpus"]))
+        deadline = time.monotonic() + 120
+        seen: tuple[str | None, str | None] = (None, None)
+        while seen != (gpus, gpus):
+            if time.monotonic() > deadline:
+                journal = run(paths, name, ["journalctl", "--no-pager", "-n", "30", "-u",
+                                            "gpuready-lab-device-plugin.service"]).stdout
+                raise AssertionError(f"{name}: nvidia.com/gpu {seen}, not {gpus}:\n{journal}")
+            status = node_json(paths, name)["status"]
+            seen = (status["capacity"].get("nvidia.com/gpu"),
+                    status["allocatable"].get("nvidia.com/gpu"))
+            time.sleep(2)
+        journal = run(paths, name, ["journalctl", "--no-pager", "-o", "cat", "-u",
+                                    "gpuready-lab-device-plugin.service"]).stdout
+        assert "SIMULATED" in journal
+        assert "Registered device plugin for 'nvidia.com/gpu' with Kubelet" in journal
+
+
 def test_down_stops_the_cluster_and_leaves_nothing(nodes: LabState) -> None:
     """Last: `lab down` halts the hosts and with them etcd, the API server and the kubelets;
     no process, mount or cgroup of theirs (the kubelets' kubepods included) remains."""
