@@ -19,7 +19,7 @@ from lab.paths import LabPaths
 from lab.rootfs import lab_os
 
 # kubeadm preflight errors a real join in a lab host must ignore, each for this machine, not
-# for the node (fleets with `kubernetes: real`): SystemVerification (cgroup v1 controllers, which
+# for the node (fleets with a control plane): SystemVerification (cgroup v1 controllers, which
 # the kubelet runs on with the lab cluster's failCgroupV1: false); net.ipv4.ip_forward is 0 in
 # the hosts' read-only /proc/sys (the machine's, which the lab must not change); Port-10250 is
 # taken by another host's kubelet in the shared network namespace (each listens on its own

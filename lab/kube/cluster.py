@@ -1,6 +1,6 @@
 """The lab's real Kubernetes control plane, made by the real kubeadm inside the control-plane host.
 
-A control-plane lab host (``kind: control-plane`` with ``kubernetes: real`` in the fleet file)
+A control-plane lab host (a ``control_plane:`` entry in the fleet file)
 gets the built binaries (lab.kube.build) bind-mounted read-only at ``/opt/gpuready-lab/kube/bin``
 and linked where packages would put them. Once it has booted, ``init`` runs kubeadm's own
 ``init`` phases in it, as ``kubeadm init`` would, minus what needs a kubelet or images:

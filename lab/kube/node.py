@@ -1,7 +1,7 @@
 """What a lab host lacks, as a systemd-nspawn container on this machine, for a real kubelet.
 
 None of this is the roles' business (a real node has it all): the lab puts one unit,
-``gpuready-lab-kubelet-host.service``, in the hosts of a fleet with ``kubernetes: real``. It runs
+``gpuready-lab-kubelet-host.service``, in the hosts of a fleet with a control plane. It runs
 at every boot, before containerd and the kubelet, and gives the host:
 
 - writable cgroup v1 controllers. This machine's kernel has v1 controllers and an empty cgroup2

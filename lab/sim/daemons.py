@@ -377,7 +377,7 @@ def _node_name() -> str:
 
 
 def gpu_feature_discovery(args: list[str]) -> int:
-    """SIMULATED GPU Feature Discovery beside a real kubelet (fleets with ``kubernetes: real``):
+    """SIMULATED GPU Feature Discovery beside a real kubelet (fleets with a control plane):
     once the host has joined, GFD's labels from the simulated hardware go on its Node, with the
     kubelet's credentials (NodeRestriction lets a kubelet set nvidia.com/ labels on its own
     Node), whenever they differ from what the Node has."""

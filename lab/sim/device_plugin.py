@@ -2,7 +2,7 @@
 """gpuready lab simulator: the NVIDIA device plugin (SIMULATED), over the kubelet's REAL device
 plugin gRPC API, from the lab host's simulated hardware.
 
-Beside a real kubelet (fleets with ``kubernetes: real``; unit ``gpuready-lab-device-plugin
+Beside a real kubelet (fleets with a control plane; unit ``gpuready-lab-device-plugin
 .service`` from lab/kube/node.py) it does what NVIDIA's k8s-device-plugin does with its default
 configuration (resource ``nvidia.com/gpu``, device IDs by UUID, ``deviceListStrategy: envvar``,
 MIG strategy none), so the kubelet's own device manager puts ``nvidia.com/gpu`` into the Node's
