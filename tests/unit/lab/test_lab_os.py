@@ -116,3 +116,20 @@ def test_real_kubernetes_fleets_get_the_lab_join_settings_from_the_lab_not_the_r
                                / "defaults" / "main.yml").read_text())
     assert defaults["node_join_ignore_preflight_errors"] == []
     assert defaults["node_join_kubelet_configuration"] == {}
+
+
+def test_a_control_plane_is_always_real_kubernetes(tmp_path: Path) -> None:
+    """Every fleet with a control plane runs the built Kubernetes; the stand-in is gone, and a
+    fleet that still asks for it is told so, naming the file."""
+    hosts = fleet.load_fleet("cluster")
+    assert {h.kubernetes for h in hosts} == {fleet.REAL}
+    assert {h.kubernetes for h in fleet.load_fleet("mixed")} == {""}  # no control plane
+    path = tmp_path / "old.yml"
+    path.write_text("kubernetes: stand-in\npools:\n  p: {hw_profile: h100-sxm5-8x}\n"
+                    "hosts:\n  - {name: n1, pool: p}\ncontrol_plane:\n  - {name: cp1}\n")
+    with pytest.raises(LabError) as err:
+        fleet.load_fleet(str(path))
+    assert str(err.value).startswith(f"{path}: kubernetes: 'stand-in': ")
+    assert "stand-in is gone" in str(err.value)
+    path.write_text(path.read_text().replace("stand-in", "real"))  # still accepted
+    assert {h.kubernetes for h in fleet.load_fleet(str(path))} == {fleet.REAL}
