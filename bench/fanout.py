@@ -1,4 +1,5 @@
-"""The same GPU health sweep over N lab hosts three ways, side by side.
+"""The same GPU health sweep over N lab hosts three ways, side by side; then what DCGM's level-1
+diagnostic adds to it.
 
     python -m bench.fanout [--nodes 16] [--rounds 3]
 
@@ -13,7 +14,13 @@ Parse and evaluate are shared: the baselines' captured outputs are replayed into
 checks through a transport that answers from the capture, so only the fan-out differs. Rounds
 alternate the three so that other load on the machine hits all alike. Prints per-way median
 wall seconds, ratios against the suite, and client CPU seconds per host (this process plus its
-children). Boots its own lab (root) and stops it at the end, also on failure.
+children).
+
+Then the suite alone, with and without ``dcgm.diag`` (``dcgmi diag -r 1`` against the SIMULATED
+host engine the lab's DCGM package runs), rounds alternating: the round trips per node each
+makes (calls on the node's transport: the checks' prefetches share one) and the median wall
+time. Goal (issue 31): the diagnostic costs at most one extra round trip per node. Boots its own
+lab (root) and stops it at the end, also on failure.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from lab import core
 from lab.paths import REPO_ROOT, LabPaths
 from validate import inventory, runner
 from validate.checks import select
-from validate.model import CheckResult
+from validate.model import CheckResult, Status
 from validate.transport import CommandResult, Transport
 
 CHECKS = "gpu.*"
@@ -52,19 +59,31 @@ echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg]" \
   > /etc/apt/sources.list.d/gpuready-lab.list
 apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
   nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \
-  nvidia-persistenced=550.90.07-1 >/dev/null
-systemctl enable --now nvidia-persistenced >/dev/null 2>&1
+  nvidia-persistenced=550.90.07-1 datacenter-gpu-manager=1:3.3.6 >/dev/null
+systemctl enable --now nvidia-persistenced nvidia-dcgm >/dev/null 2>&1
 """
+DCGM_CHECKS = f"{CHECKS},dcgm.diag"
 
 
 class Recording:
-    """Wraps a transport and remembers which argv the checks ran (to replay them later)."""
+    """Wraps a transport and remembers which argv the checks ran (to replay them later) and
+    how many calls (round trips) it took."""
 
-    def __init__(self, inner: Transport, seen: set[tuple[str, ...]]) -> None:
-        self.inner, self.seen = inner, seen
+    def __init__(self, inner: Transport, seen: set[tuple[str, ...]],
+                 calls: list[int] | None = None) -> None:
+        self.inner, self.seen, self.calls = inner, seen, calls
+        # The checks start their prefetches beside each other only on a transport that says it
+        # can (as the suite's SSH transport does): say what the wrapped one says.
+        self.concurrent_runs = bool(getattr(inner, "concurrent_runs", False))
+
+    @property
+    def host(self) -> str:
+        return self.inner.host
 
     def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
         self.seen.add(tuple(argv))
+        if self.calls is not None:
+            self.calls.append(1)
         return self.inner.run(argv, timeout)
 
     def close(self) -> None:
@@ -77,7 +96,8 @@ class Recording:
 class Replay:
     """A transport that answers from outputs captured by a baseline fan-out."""
 
-    def __init__(self, outputs: dict[tuple[str, ...], tuple[int, str]]) -> None:
+    def __init__(self, host: str, outputs: dict[tuple[str, ...], tuple[int, str]]) -> None:
+        self.host = host
         self.outputs = outputs
 
     def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
@@ -105,7 +125,7 @@ def suite(nodes: Sequence[inventory.Node]) -> list[CheckResult]:
 def _evaluate(nodes: Sequence[inventory.Node],
               captured: dict[str, dict[tuple[str, ...], tuple[int, str]]]) -> list[CheckResult]:
     return runner.run(nodes, select(CHECKS), run_id="bench", concurrency=len(nodes),
-                      transport_for=lambda n: Replay(captured[n.name]))
+                      transport_for=lambda n: Replay(n.name, captured[n.name]))
 
 
 def ansible_adhoc(nodes: Sequence[inventory.Node], argvs: list[tuple[str, ...]],
@@ -218,9 +238,46 @@ def main() -> int:
         print(f"suite vs ansible ad hoc: {statistics.median(walls['ansible ad hoc']) / base:.1f}x "
               f"faster; vs plain OpenSSH: "
               f"{statistics.median(walls['openssh xargs']) / base:.2f}x")
+        ok = dcgm_cost(nodes, args.rounds)
     finally:
         core.down(paths)
-    return 0
+    return 0 if ok else 1
+
+
+def _recording(seen: set[tuple[str, ...]], calls: list[int]
+               ) -> Callable[[inventory.Node], Transport]:
+    return lambda n: Recording(runner.default_transport(n), seen, calls)
+
+
+def dcgm_cost(nodes: Sequence[inventory.Node], rounds: int) -> bool:
+    """The suite with and without dcgm.diag: round trips per node and median wall time."""
+    trips: dict[str, float] = {}
+    argvs: dict[str, set[tuple[str, ...]]] = {}
+    walls: dict[str, list[float]] = {CHECKS: [], DCGM_CHECKS: []}
+    for rnd in range(rounds):
+        for checks in (CHECKS, DCGM_CHECKS)[::1 if rnd % 2 == 0 else -1]:
+            calls: list[int] = []
+            seen: set[tuple[str, ...]] = set()
+            start = time.monotonic()
+            rows = runner.run(nodes, select(checks), run_id="bench-dcgm",
+                              concurrency=len(nodes),
+                              transport_for=_recording(seen, calls))
+            walls[checks].append(time.monotonic() - start)
+            trips[checks], argvs[checks] = len(calls) / len(nodes), seen
+            if checks == DCGM_CHECKS:
+                diag = {r.status for r in rows if r.check == "dcgm.diag"}
+                if diag != {Status.PASS}:
+                    raise SystemExit(f"dcgm.diag did not pass on the healthy hosts: {diag}")
+    extra = trips[DCGM_CHECKS] - trips[CHECKS]
+    added = sorted(" ".join(a[:3]) for a in argvs[DCGM_CHECKS] - argvs[CHECKS])
+    base, with_diag = statistics.median(walls[CHECKS]), statistics.median(walls[DCGM_CHECKS])
+    print(f"dcgm.diag (level 1) beside {CHECKS}, median of {rounds} rounds each:")
+    print(f"  round trips per node: {trips[CHECKS]:.1f} without, {trips[DCGM_CHECKS]:.1f} with "
+          f"(+{extra:.1f}: {'; '.join(added) or 'nothing new'})")
+    print(f"  wall: {base:.2f} s without, {with_diag:.2f} s with ({with_diag / base:.2f}x)")
+    ok = extra <= 1.0
+    print(f"goal (at most one extra round trip per node): {'met' if ok else 'MISSED'}")
+    return ok
 
 
 if __name__ == "__main__":
