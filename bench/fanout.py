@@ -57,6 +57,12 @@ python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.ur
 echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg]" \
   "http://127.0.0.1:{port}/compute/cuda/repos/debian12/x86_64/ /" \
   > /etc/apt/sources.list.d/gpuready-lab.list
+# The driver branch's packages at one release, as the driver role pins them (the repository
+# also carries a newer one, which apt would otherwise take for the dependencies; a version pin
+# needs package names or patterns: apt ignores one for `Package: *`).
+printf 'Package: nvidia-* libcuda* libnvidia-* firmware-nvidia-*\nPin: version %s\n%s\n' \
+  550.90.07-1 'Pin-Priority: 1001' \
+  > /etc/apt/preferences.d/gpuready-bench-driver
 apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
   nvidia-driver-cuda=550.90.07-1 nvidia-kernel-dkms=550.90.07-1 \
   nvidia-persistenced=550.90.07-1 datacenter-gpu-manager=1:3.3.6 >/dev/null
