@@ -17,10 +17,11 @@ wall seconds, ratios against the suite, and client CPU seconds per host (this pr
 children).
 
 Then the suite alone, with and without ``dcgm.diag`` (``dcgmi diag -r 1`` against the SIMULATED
-host engine the lab's DCGM package runs), rounds alternating: the round trips per node each
-makes (calls on the node's transport: the checks' prefetches share one) and the median wall
-time. Goal (issue 31): the diagnostic costs at most one extra round trip per node. Boots its own
-lab (root) and stops it at the end, also on failure.
+host engine the lab's DCGM package runs), rounds alternating: per node, the commands it runs
+and its round trips (the longest chain of commands that did not overlap: a prefetch running
+beside another command on the same connection adds a command, not a round trip), and the
+median wall time. Goal (issue 31): the diagnostic costs at most one extra round trip per node.
+Boots its own lab (root) and stops it at the end, also on failure.
 """
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ DCGM_CHECKS = f"{CHECKS},dcgm.diag"
 
 
 class Recording:
-    """Wraps a transport and remembers which argv the checks ran (to replay them later) and
-    how many calls (round trips) it took."""
+    """Wraps a transport and remembers which argv the checks ran (to replay them later) and,
+    given ``calls``, when each ran (host, start, end)."""
 
     def __init__(self, inner: Transport, seen: set[tuple[str, ...]],
-                 calls: list[int] | None = None) -> None:
+                 calls: list[tuple[str, float, float]] | None = None) -> None:
         self.inner, self.seen, self.calls = inner, seen, calls
         # The checks start their prefetches beside each other only on a transport that says it
         # can (as the suite's SSH transport does): say what the wrapped one says.
@@ -88,9 +89,12 @@ class Recording:
 
     def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
         self.seen.add(tuple(argv))
-        if self.calls is not None:
-            self.calls.append(1)
-        return self.inner.run(argv, timeout)
+        start = time.monotonic()
+        try:
+            return self.inner.run(argv, timeout)
+        finally:
+            if self.calls is not None:
+                self.calls.append((self.host, start, time.monotonic()))
 
     def close(self) -> None:
         self.inner.close()
@@ -250,26 +254,41 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def _recording(seen: set[tuple[str, ...]], calls: list[int]
+def _recording(seen: set[tuple[str, ...]], calls: list[tuple[str, float, float]]
                ) -> Callable[[inventory.Node], Transport]:
     return lambda n: Recording(runner.default_transport(n), seen, calls)
+
+
+def round_trips(calls: list[tuple[str, float, float]]) -> float:
+    """Per node, the most commands that ran one after another (none overlapping: greedy by
+    end time), averaged over the nodes."""
+    chains: dict[str, int] = {}
+    for host in {c[0] for c in calls}:
+        last_end = float("-inf")
+        for _, start, end in sorted((c for c in calls if c[0] == host), key=lambda c: c[2]):
+            if start >= last_end:
+                chains[host] = chains.get(host, 0) + 1
+                last_end = end
+    return statistics.mean(chains.values()) if chains else 0.0
 
 
 def dcgm_cost(nodes: Sequence[inventory.Node], rounds: int) -> bool:
     """The suite with and without dcgm.diag: round trips per node and median wall time."""
     trips: dict[str, float] = {}
+    commands: dict[str, float] = {}
     argvs: dict[str, set[tuple[str, ...]]] = {}
     walls: dict[str, list[float]] = {CHECKS: [], DCGM_CHECKS: []}
     for rnd in range(rounds):
         for checks in (CHECKS, DCGM_CHECKS)[::1 if rnd % 2 == 0 else -1]:
-            calls: list[int] = []
+            calls: list[tuple[str, float, float]] = []
             seen: set[tuple[str, ...]] = set()
             start = time.monotonic()
             rows = runner.run(nodes, select(checks), run_id="bench-dcgm",
                               concurrency=len(nodes),
                               transport_for=_recording(seen, calls))
             walls[checks].append(time.monotonic() - start)
-            trips[checks], argvs[checks] = len(calls) / len(nodes), seen
+            trips[checks], argvs[checks] = round_trips(calls), seen
+            commands[checks] = len(calls) / len(nodes)
             if checks == DCGM_CHECKS:
                 diag = {r.status for r in rows if r.check == "dcgm.diag"}
                 if diag != {Status.PASS}:
@@ -278,8 +297,10 @@ def dcgm_cost(nodes: Sequence[inventory.Node], rounds: int) -> bool:
     added = sorted(" ".join(a[:3]) for a in argvs[DCGM_CHECKS] - argvs[CHECKS])
     base, with_diag = statistics.median(walls[CHECKS]), statistics.median(walls[DCGM_CHECKS])
     print(f"dcgm.diag (level 1) beside {CHECKS}, median of {rounds} rounds each:")
+    print(f"  commands per node: {commands[CHECKS]:.1f} without, {commands[DCGM_CHECKS]:.1f} "
+          f"with (new: {'; '.join(added) or 'nothing'})")
     print(f"  round trips per node: {trips[CHECKS]:.1f} without, {trips[DCGM_CHECKS]:.1f} with "
-          f"(+{extra:.1f}: {'; '.join(added) or 'nothing new'})")
+          f"(+{extra:.1f})")
     print(f"  wall: {base:.2f} s without, {with_diag:.2f} s with ({with_diag / base:.2f}x)")
     ok = extra <= 1.0
     print(f"goal (at most one extra round trip per node): {'met' if ok else 'MISSED'}")
