@@ -219,6 +219,8 @@ class LocalApiServer:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_SUBNET}",
                 "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+                # As kubeadm's manifest sets it: a privileged pod is Pod Security's to refuse.
+                "--allow-privileged=true",
                 f"--audit-policy-file={self.root / 'audit-policy.yaml'}",
                 f"--audit-log-path={self.audit_log}",
                 "--endpoint-reconciler-type=none"],

@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,22 @@ class NotFound(ApplyError):
     pass
 
 
+class Busy(ApplyError):
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+BUSY_RETRY_S = 30.0
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        return min(max(float(value or 1), 0.2), 5.0)
+    except ValueError:
+        return 1.0
+
+
 class ClusterApi:
     """The official client's ApiClient, used for raw JSON requests (the renderer's kinds are
     partly CRDs, which the generated API classes do not cover)."""
@@ -115,12 +132,26 @@ class ClusterApi:
 
     def request(self, method: str, path: str, query: Sequence[tuple[str, str]] = (),
                 body: Any = None, content_type: str = "application/json") -> dict[str, Any]:
+        """One request; a 429 (the server busy, or a CRD's storage still initialising just
+        after it was installed) is retried after the server's Retry-After, for up to
+        :data:`BUSY_RETRY_S` seconds."""
+        deadline = time.monotonic() + BUSY_RETRY_S
+        while True:
+            try:
+                return self._request(method, path, query, body, content_type)
+            except Busy as exc:
+                if time.monotonic() + exc.retry_after_s > deadline:
+                    raise ApplyError(str(exc)) from None
+                time.sleep(exc.retry_after_s)
+
+    def _request(self, method: str, path: str, query: Sequence[tuple[str, str]],
+                 body: Any, content_type: str) -> dict[str, Any]:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
         params = self._api.param_serialize(
             method, path, query_params=list(query), header_params=headers,
-            body=None if body is None else json.dumps(body), auth_settings=["BearerToken"])
+            body=body, auth_settings=["BearerToken"])
         try:
             response = self._api.call_api(*params, _request_timeout=self._timeout)
             response.read()  # type: ignore[no-untyped-call]  # untyped upstream
@@ -137,6 +168,10 @@ class ClusterApi:
             message = _status_message(data) or str(response.reason)
             if status == 404:
                 raise NotFound(message)
+            if status == 429:
+                wait = response.getheader("Retry-After")  # type: ignore[no-untyped-call]
+                raise Busy(f"{method} {path}: the API server answered 429: {message}",
+                           _retry_after(wait))
             if status in (401, 403):
                 raise ApiUnavailable(f"the API server at {self.server} refused {method} {path} "
                                      f"({status}): {message}")
