@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -363,3 +367,41 @@ def test_spec_reads_the_lab_inventory(lab_inventory: Path) -> None:
     spec = load_spec(lab_inventory)
     assert [p.group for p in spec.pools] == ["pool_a100_sxm", "pool_h100_sxm", "pool_l40s_pcie"]
     assert [t.name for t in spec.teams] == ["research", "platform"]
+
+
+def _playbook(inv: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = Path(sys.executable).parent
+    return subprocess.run(
+        [str(bin_dir / "ansible-playbook"), "-i", str(inv), str(REPO / "playbooks/cluster.yml"),
+         *extra], capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+             "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+
+
+def test_the_playbook_applies_and_checks_through_the_command(
+        cluster: LocalApiServer, lab_inventory: Path, tmp_path: Path) -> None:
+    """playbooks/cluster.yml: changed only when the command changed something; --check is the
+    server's dry run; the inventory's gpuready_kubeconfig is the credentials."""
+    inv = lab_copy(tmp_path)
+    edit(teams_file(inv), lambda d: d.update(gpuready_kubeconfig=str(cluster.kubeconfig)))
+    converged = _playbook(inv, "--check")
+    assert converged.returncode == 0, converged.stdout[-3000:]
+    assert re.search(r"localhost\s+: ok=\d+\s+changed=0 ", converged.stdout)
+    edit(teams_file(inv), lambda d: d["gpuready_cluster_teams"]["research"]["gpus"].update(
+        pool_h100_sxm={"quota": 3, "borrowing_limit": 4}))
+    before = get(cluster, "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/research")
+    checked = _playbook(inv, "--check")
+    assert checked.returncode == 0, checked.stdout[-3000:]
+    assert "would configure ClusterQueue research" in checked.stdout
+    assert re.search(r"localhost\s+: ok=\d+\s+changed=1 ", checked.stdout)
+    assert get(cluster, "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/research") == before
+    applied = _playbook(inv, "-e", f"cluster_render_dir={tmp_path / 'rendered'}")
+    assert applied.returncode == 0, applied.stdout[-3000:]
+    assert "configured ClusterQueue research" in applied.stdout
+    assert (tmp_path / "rendered" / "helm" / "gpu-operator-values.yaml").is_file()
+    queue = get(cluster, "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/research")
+    assert queue is not None
+    assert queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0][
+        "nominalQuota"] == 3
+    # Back to the shipped lab inventory for whatever runs next.
+    assert apply_cli(cluster, lab_inventory)[0] == ExitCode.OK
