@@ -255,6 +255,14 @@ def load_spec(source: Path) -> ClusterSpec:
             pools.append(pool)
     first_host = nodes[0].name if nodes else ""
     glob = read(first_host, GLOBAL_VARS) if first_host else {}
+    others = {node.name: read(node.name, GLOBAL_VARS) for node in nodes[1:]}
+    for var in GLOBAL_VARS:
+        differing = [name for name, got in others.items() if got.get(var) != glob.get(var)]
+        if differing:
+            origins = dict.fromkeys(where(h, var) for h in (first_host, *differing))
+            problems.add(var, " and ".join(origins),
+                         "differs between hosts: the cluster has one (set it in group all only)")
+            glob.pop(var, None)
     prefix = (nodes[0].desired.gate.label_prefix if nodes else None) or ""
     if not prefix:
         problems.add(desired.LABEL_PREFIX, "the inventory", "is not set: the pools' Kueue "

@@ -213,3 +213,12 @@ def test_a_team_whose_gpus_is_not_a_mapping_names_the_file(tmp_path: Path) -> No
     code, out, err = run_cli("cluster", "render", "-i", str(inv), "-o", str(tmp_path / "o"))
     assert (code, out) == (ExitCode.USAGE_OR_TOOL_ERROR, "")
     assert f"({teams_file(inv)})" in err and "team research: gpus is [8]" in err
+
+
+def test_teams_set_apart_for_one_pool_are_refused(tmp_path: Path) -> None:
+    """The cluster has one teams map: a pool group that sets its own is named, not ignored."""
+    code, err, path = _bad(tmp_path, "pool_a100_sxm/pool.yml", lambda d: d.update(
+        gpuready_cluster_teams={"solo": {"gpus": {"pool_a100_sxm": 1}}}))
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    assert f"gpuready_cluster_teams (set in group pool_a100_sxm ({path}) and group all (" in err
+    assert "differs between hosts: the cluster has one (set it in group all only)" in err
