@@ -28,9 +28,11 @@ def loopback_address(host: int) -> str:
 
 
 @contextlib.contextmanager
-def running_apiserver(tmp: Path, host: int) -> Iterator[LocalApiServer]:
-    """A new cluster on 127.0.22.<host>, stopped when the ``with`` ends, however it ends."""
-    with running(tmp / "apiserver", loopback_address(host)) as server:
+def running_apiserver(tmp: Path, host: int,
+                      controllers: tuple[str, ...] = ()) -> Iterator[LocalApiServer]:
+    """A new cluster on 127.0.22.<host>, stopped when the ``with`` ends, however it ends;
+    ``controllers``: kube-controller-manager's, when the test needs them (lab.kube.local)."""
+    with running(tmp / "apiserver", loopback_address(host), controllers) as server:
         yield server
 
 

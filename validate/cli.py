@@ -20,6 +20,9 @@ call it in-process with their own streams; a closed or broken stream never stops
     python -m validate gate -i <inventory> --release NODE --reason TEXT   end a quarantine
     python -m validate drift -i <inventory> ...  read-only drift check (validate/drift/cli.py)
     python -m validate history <reports root>    figures over past runs, against baselines
+    python -m validate cluster render -i <inventory> -o DIR   the cluster's manifests
+    python -m validate cluster apply -i <inventory> [--check]  server-side apply and prune
+                                                 (validate/cluster/, docs/cluster.md)
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any, TextIO, cast
 
 from validate import argtypes, cost, fabric, gate, runinfo, runner
 from validate import checks as check_registry
+from validate.cluster import cli as cluster_cli
 from validate.drift import cli as drift_cli
 from validate.history import HistoryError, last_values
 from validate.inventory import InventoryError, Node, load
@@ -203,7 +207,8 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
                     help="lift NODE's quarantine (a hardware fault); needs --reason. The node "
                          "stays tainted until a fresh, complete passing run is gated")
     gt.add_argument("--reason", help="why the quarantined node may go back (with --release)")
-    for parser in (p, r, fb, ps, rp, ck, gt, *drift_cli.add_parsers(sub, DEFAULT_OUT)):
+    for parser in (p, r, fb, ps, rp, ck, gt, *drift_cli.add_parsers(sub, DEFAULT_OUT),
+                   *cluster_cli.add_parsers(sub)):
         parser.streams = (stdout, stderr)
     return p
 
@@ -666,6 +671,8 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
                 args, out, err, run_log=lambda d: _RUN_LOG.open(d / RUN_LOG_FILE)))
         if args.cmd == "history":
             return int(drift_cli.cmd_history(args, out, err))
+        if args.cmd == "cluster":
+            return int(cluster_cli.cmd_cluster(args, out, err))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
         for cid, title in check_registry.MULTI_NODE.items():

@@ -436,3 +436,27 @@ def ssh_hosts(source: Path, limit: str | None = None) -> tuple[SshHost, ...]:
 def _pool_labels(used: Mapping[str, Any]) -> dict[str, str]:
     """gpu_pool as strings (its type was checked by validate.desired)."""
     return {str(k): str(v) for k, v in dict(used.get(desired.POOL) or {}).items()}
+
+
+def set_in(source: Path, host: Host, var: str, loader: DataLoader) -> str:
+    """Where ``var`` of ``host`` was set, with the file a person would open: ``group all
+    (inventory/staging.example/group_vars/all/cluster.yml)``; the inventory file itself when
+    no group_vars/host_vars file sets it."""
+    where = _origin(host, var, loader, [str(source)])
+    kind, _, name = where.partition(" ")
+    base = source if source.is_dir() else source.parent
+    folder = base / ("group_vars" if kind == "group" else "host_vars")
+    candidates = [folder / f"{name}{ext}" for ext in (".yml", ".yaml", "")]
+    if (folder / name).is_dir():
+        candidates += sorted((folder / name).iterdir())
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            doc = loader.load_from_file(str(path))
+        except Exception:  # a file Ansible cannot read names nothing here
+            continue
+        if isinstance(doc, Mapping) and var in doc:
+            return f"{where} ({path})"
+    inventory_file = source / "hosts.yml" if source.is_dir() else source
+    return f"{where} ({inventory_file})"

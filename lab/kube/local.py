@@ -15,6 +15,14 @@ Differences from a production API server, on purpose: etcd does not fsync (the d
 the test), the ``kubernetes`` Service's endpoint is not reconciled (kube-apiserver refuses a
 loopback advertise address for it), no controller manager runs (Nodes are created and edited by
 the tests, never marked NotReady).
+
+Opt-in (``controllers``): the real kube-controller-manager with only the named controllers, e.g.
+``resourcequota`` (a ResourceQuota's status and the quota admission depend on it), ``namespace``
+(a deleted Namespace is emptied and goes) and ``serviceaccount``/``serviceaccount-token`` (every
+namespace gets its ``default`` ServiceAccount, which Pod admission needs). It runs as kubeadm
+runs it (``--use-service-account-credentials``: each controller with its own bootstrap RBAC
+role), authenticated by a static token as ``system:kube-controller-manager``; no serving port.
+The default (none) keeps the start as fast as it was.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 START_TIMEOUT_S = 60.0
 ADMIN_USER = "gpuready-test-admin"
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
 # Every request for Nodes but watches: no kubelet runs here, so reads are the clients' own and
 # a test or benchmark can count the gate's list as well as its patches.
 AUDIT_POLICY_DOC = {
@@ -93,6 +102,8 @@ class LocalApiServer:
     address: str
     root: Path
     token: str = ""
+    # kube-controller-manager's controllers (--controllers); empty: it does not run.
+    controllers: tuple[str, ...] = ()
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
     @property
@@ -106,6 +117,10 @@ class LocalApiServer:
     @property
     def kubeconfig(self) -> Path:
         return self.root / "admin.conf"
+
+    @property
+    def controller_manager_kubeconfig(self) -> Path:
+        return self.root / "controller-manager.conf"
 
     @property
     def ca_pem(self) -> bytes:
@@ -127,6 +142,7 @@ class LocalApiServer:
         """Certificates, token file, audit policy and admin kubeconfig (once per root)."""
         if self.kubeconfig.exists():
             self.token = self.kubeconfig_token()
+            self._prepare_controller_manager()
             return
         self.root.mkdir(parents=True, exist_ok=True)
         bin_dir = build.ensure_built(log=False)
@@ -152,6 +168,20 @@ class LocalApiServer:
         (self.root / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY_DOC))
         self.kubeconfig.write_text(kubeconfig(self.url, self.ca_pem, self.token))
         self.kubeconfig.chmod(0o600)
+        self._prepare_controller_manager()
+
+    def _prepare_controller_manager(self) -> None:
+        """kube-controller-manager's token (a row of the static token file, read by the API
+        server when it starts) and kubeconfig, once, when it is asked for."""
+        if not self.controllers or self.controller_manager_kubeconfig.exists():
+            return
+        token = secrets.token_hex(24)
+        tokens = self.root / "tokens.csv"
+        with tokens.open("a") as out:
+            out.write(f"{token},{CONTROLLER_MANAGER_USER},{CONTROLLER_MANAGER_USER}\n")
+        doc = yaml.safe_load(kubeconfig(self.url, self.ca_pem, token))
+        self.controller_manager_kubeconfig.write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.controller_manager_kubeconfig.chmod(0o600)
 
     def kubeconfig_token(self) -> str:
         doc = yaml.safe_load(self.kubeconfig.read_text())
@@ -162,7 +192,7 @@ class LocalApiServer:
         a, pki = self.address, self.pki
         etcd_url = f"https://{a}:{ETCD_CLIENT_PORT}"
         peer_url = f"http://{a}:{ETCD_PEER_PORT}"
-        return {
+        argv = {
             "etcd": [
                 str(bin_dir / "etcd"), "--name", "gpuready-test",
                 "--data-dir", str(self.root / "etcd"),
@@ -189,21 +219,39 @@ class LocalApiServer:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_SUBNET}",
                 "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+                # As kubeadm's manifest sets it: a privileged pod is Pod Security's to refuse.
+                "--allow-privileged=true",
                 f"--audit-policy-file={self.root / 'audit-policy.yaml'}",
                 f"--audit-log-path={self.audit_log}",
                 "--endpoint-reconciler-type=none"],
         }
+        if self.controllers:
+            argv["kube-controller-manager"] = [
+                str(bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={self.controller_manager_kubeconfig}",
+                f"--controllers={','.join(self.controllers)}",
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                "--leader-elect=false", "--secure-port=0",
+                # Quota is recomputed from the objects at once, not only on the resync.
+                "--concurrent-resource-quota-syncs=2"]
+        return argv
 
     def start(self) -> None:
         """Start etcd, then the API server; return once /readyz says ok."""
         self.prepare()
         try:
+            deadline = time.monotonic() + START_TIMEOUT_S
             for name, argv in self._argv().items():
+                if name == "kube-controller-manager":
+                    # It gives up on an API server that does not answer within seconds.
+                    self.wait_ready(deadline)
                 log = (self.root / f"{name}.log").open("ab")
                 self.procs.append((name, subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     start_new_session=True)))
-            self.wait_ready(time.monotonic() + START_TIMEOUT_S)
+            self.wait_ready(deadline)
         except BaseException:
             self.stop()
             raise
@@ -250,9 +298,11 @@ class LocalApiServer:
 
 
 @contextlib.contextmanager
-def running(root: Path, address: str) -> Iterator[LocalApiServer]:
-    """A control plane for the length of a ``with``; stopped however it ends."""
-    server = LocalApiServer(address, root)
+def running(root: Path, address: str,
+            controllers: tuple[str, ...] = ()) -> Iterator[LocalApiServer]:
+    """A control plane for the length of a ``with``; stopped however it ends. ``controllers``:
+    kube-controller-manager's, when it should run too (module docstring)."""
+    server = LocalApiServer(address, root, controllers=controllers)
     server.start()
     try:
         yield server
