@@ -25,7 +25,8 @@ Where the exporter is: the inventory's ``dcgm_exporter_port`` on the node (dcgm-
 on 9400 by default; the URL is ``http://<ansible_host>:<port>/metrics``) or
 ``dcgm_exporter_url`` (a full URL, for an exporter behind a Service or on another address).
 A node whose inventory declares neither gets a skip row saying so, as dcgm.diag does on a node
-without DCGM.
+without DCGM. The inventory loader refuses a port that is not 1 to 65535 and a URL that is not
+http(s) (validate.desired).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from validate import desired
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict, expect_equal
 from validate.checks.gpu import smi_log
 from validate.model import Status
@@ -51,8 +53,8 @@ CODE_XID = "dcgm.exporter.xid"
 CODE_ECC = "dcgm.exporter.ecc"
 CODES = (CODE_DOWN, CODE_BAD_OUTPUT, CODE_COUNT, CODE_UUID, CODE_DRIVER, CODE_XID, CODE_ECC)
 
-PORT_VAR = "dcgm_exporter_port"
-URL_VAR = "dcgm_exporter_url"
+PORT_VAR = desired.DCGM_EXPORTER_PORT
+URL_VAR = desired.DCGM_EXPORTER_URL
 DEFAULT_TIMEOUT_S = 10.0
 # More than any real scrape (an 8-GPU node with every field is a few hundred KiB).
 MAX_BYTES = 16 * 1024 * 1024
@@ -130,6 +132,8 @@ class DcgmExporter(Check):
     def evaluate(self, ctx: NodeContext) -> list[Verdict]:
         url = exporter_url(ctx.node.vars, ctx.node.address)
         assert url is not None  # skip_reason said so
+        if ctx.gone_error is not None:  # an unreachable node is that row, whatever serves
+            raise ctx.gone_error
         timeout = ctx.profile.value("dcgm.exporter_timeout_s", float, DEFAULT_TIMEOUT_S)
         text = scrape(url, timeout)
         try:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.validate.test_checks_runner import ScriptedTransport, _node, _out
-from validate import runner
+from tests.unit.validate.test_checks_runner import ScriptedTransport, _Gone, _node, _out
+from validate import desired, runner
 from validate.checks import select
 from validate.checks.base import ToolFailure
 from validate.checks.dcgm_exporter import (
@@ -205,3 +205,25 @@ def test_the_url_from_the_inventory() -> None:
                          "dcgm_exporter_port": 1}, "x") == "http://svc:9400/metrics"
     with pytest.raises(ToolFailure, match="dcgm_exporter_port 'nine' is not a port number"):
         exporter_url({"dcgm_exporter_port": "nine"}, "x")
+
+
+def test_the_inventory_refuses_a_bad_port_or_url() -> None:
+    _, problems = desired.read({"dcgm_exporter_port": 70000, "dcgm_exporter_url": "ftp://x"})
+    assert [(p.var, p.reason) for p in problems] == [
+        ("dcgm_exporter_port", "is 70000, not a TCP port (1 to 65535)"),
+        ("dcgm_exporter_url", "is 'ftp://x', not an http:// or https:// URL")]
+    _, problems = desired.read({"dcgm_exporter_port": 9400})
+    assert problems == ()
+
+
+def test_an_unreachable_node_is_that_row_whatever_its_exporter_serves() -> None:
+    # The exporter port is refused; the node does not answer SSH either (gpu.count found out
+    # first): the row says unreachable, as every other check's does.
+    s = socket.socket()
+    s.bind((ADDRESS, 0))
+    port = s.getsockname()[1]
+    s.close()
+    node = _node(dcgm_exporter_url=f"http://{ADDRESS}:{port}/metrics")
+    rows = runner.run_node(node, select("gpu.count,dcgm.exporter"), "r1", _Gone("n1", {}))
+    assert [(r.check, r.code) for r in rows] == [("gpu.count", "host.unreachable"),
+                                                 ("dcgm.exporter", "host.unreachable")]
