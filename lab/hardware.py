@@ -80,6 +80,9 @@ FAULTS: dict[str, str] = {
                    "on a host whose GPUs are in MIG mode (set_mig_layout)",
     "gpu-memory-fail": "GPU 0's memory fails DCGM's memory test under load (a miscompare, dcgmi "
                        "diag -r 2 and up); nvidia-smi shows nothing",
+    "dcgm-exporter-down": "the node's dcgm-exporter does not listen: a scrape of :9400 is refused",
+    "dcgm-exporter-stale": "the node's dcgm-exporter reports the last GPU with the UUID of the "
+                           "board it replaced",
 }
 
 

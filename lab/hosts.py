@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from lab import hardware
+from lab import exporter, hardware
 from lab.errors import LabError
 from lab.fleet import LabHost
 from lab.paths import REPO_ROOT, LabPaths
@@ -71,6 +71,7 @@ def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str,
     if host.hw_profile:  # a control-plane host has no simulated GPUs to describe
         hardware.write_hardware(hdir / "hw", hardware.render_host(host.hw_profile, host.name))
         hardware.write_ib_counters(hdir / "hw", host.faults)
+        exporter.provision(merged)
     write_faults(paths, host.name, host.faults)
     _write_json_atomic(hdir / "spec.json", {
         "name": host.name, "address": host.address, "port": str(host.port),

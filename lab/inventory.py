@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from lab import controlplane
+from lab import controlplane, exporter
 from lab.fleet import CONTROL_PLANE, CONTROL_PLANE_GROUP, REAL, LabHost
 from lab.paths import LabPaths
 from lab.rootfs import lab_os
@@ -51,6 +51,8 @@ def render(paths: LabPaths, hosts: list[LabHost], repo_port: int,
                 # listens on its host's own address (kubeadm waits for healthz there).
                 entry["node_join_kubelet_configuration"] = {
                     "address": host.address, "healthzBindAddress": host.address}
+            # Each GPU host's SIMULATED dcgm-exporter (lab/exporter.py), for dcgm.exporter.
+            entry["dcgm_exporter_port"] = exporter.PORT
             pools.setdefault(host.pool, {"hosts": {}})["hosts"][host.name] = entry
         os_group = lab_os(host.os).inventory_group
         os_groups.setdefault(os_group, {"hosts": {}})["hosts"][host.name] = {}

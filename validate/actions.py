@@ -83,6 +83,10 @@ DCGM_DIAG = Source(
     "NVIDIA DCGM Diagnostics",
     "https://docs.nvidia.com/datacenter/dcgm/latest/user-guide/dcgm-diagnostics.html",
 )
+DCGM_EXPORTER = Source(
+    "NVIDIA DCGM-Exporter (GPU telemetry: deployment, port 9400, default counters)",
+    "https://docs.nvidia.com/datacenter/cloud-native/gpu-telemetry/latest/dcgm-exporter.html",
+)
 MIG_GUIDE = Source(
     "NVIDIA Multi-Instance GPU User Guide (enable MIG mode, create GPU instances)",
     "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/index.html",
@@ -547,6 +551,53 @@ ACTIONS: dict[str, Action] = {
         "detail), and the diagnostic would disturb them and fail on them.",
         "Validate again when the node is idle (drain it first to make it so).",
         SUITE,
+    ),
+    # The DCGM exporter (validate/checks/dcgm_exporter.py).
+    "dcgm.exporter.down": Action(
+        "The node's dcgm-exporter does not answer: monitoring sees none of this node's GPU "
+        "health (Xids, ECC errors, throttling) while the node runs work.",
+        "Check the exporter where it runs (`kubectl -n gpu-operator get pods -o wide` for the "
+        "GPU Operator's DaemonSet, `systemctl status` or the container otherwise) and its log; "
+        "the exporter needs DCGM and a loaded driver. Confirm with `curl <address>:9400/metrics`.",
+        DCGM_EXPORTER,
+    ),
+    "dcgm.exporter.bad_output": Action(
+        "Something answers on the exporter's port, but not with dcgm-exporter's metrics (another "
+        "service, a proxy's page, a truncated answer).",
+        "Check what listens on the port (`ss -ltnp` on the node) and the inventory's "
+        "dcgm_exporter_port / dcgm_exporter_url.",
+        DCGM_EXPORTER,
+    ),
+    "dcgm.exporter.gpu_count_mismatch": Action(
+        "The exporter reports a different number of GPUs than nvidia-smi: monitoring is blind "
+        "to some GPUs, or counts GPUs that are not there.",
+        "Restart the exporter (it enumerates GPUs at start: a GPU that was reset or hot-plugged "
+        "since is missed); if it persists, compare `dcgmi discovery -l` with `nvidia-smi -L`.",
+        DCGM_EXPORTER,
+    ),
+    "dcgm.exporter.uuid_mismatch": Action(
+        "The exporter reports GPU UUIDs nvidia-smi does not list: a stale view (a board was "
+        "replaced since it started) or another node's exporter at this address.",
+        "Check the URL points at this node's exporter; restart the exporter so it enumerates "
+        "the GPUs again, then validate again.",
+        DCGM_EXPORTER,
+    ),
+    "dcgm.exporter.driver_mismatch": Action(
+        "The exporter labels a different driver version than nvidia-smi reports: it started "
+        "before a driver upgrade and still reports the old one.",
+        "Restart the exporter (with the GPU Operator, delete its pod on this node).",
+        DCGM_EXPORTER,
+    ),
+    "dcgm.exporter.xid": Action(
+        "DCGM saw an Xid on this GPU (the value is the last Xid number).",
+        "Read gpu.xid's rows and the kernel log for the Xid and its catalog action.",
+        XID_CATALOG,
+    ),
+    "dcgm.exporter.ecc": Action(
+        "DCGM counts double-bit (uncorrectable) ECC errors on this GPU.",
+        f"{_DRAIN}; follow gpu.ecc's rows and NVIDIA's memory error management guide (reset "
+        "for a row remap, RMA when remapping fails).",
+        MEMORY_ERRORS,
     ),
     # Services.
     "node.services.inactive": Action(

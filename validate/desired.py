@@ -62,6 +62,9 @@ MPI_MCA = "gpuready_fabric_mpi_mca"
 COST = "gpuready_cost"
 MIG_LAYOUT = "gpu_mig_layout"
 SYSFS_ROOT = "gpuready_sysfs_root"
+# Where the node's dcgm-exporter serves (dcgm.exporter; the check reads them from Node.vars).
+DCGM_EXPORTER_PORT = "dcgm_exporter_port"
+DCGM_EXPORTER_URL = "dcgm_exporter_url"
 
 # The inventory variables load_profile() reads besides the profile name.
 PROFILE_VARS = (THRESHOLDS, DRIVE_CLASS, SCRATCH_PATH, CHECKPOINT_PATH)
@@ -238,6 +241,21 @@ def _size_mib(value: Any) -> int:
     return size
 
 
+def _tcp_port(value: Any) -> int:
+    text = str(value)
+    if isinstance(value, bool) or not isinstance(value, int | str) or not text.isdigit() \
+            or not 1 <= int(text) <= 65535:
+        raise _Bad(f"is {value!r}, not a TCP port (1 to 65535)")
+    return int(text)
+
+
+def _http_url(value: Any) -> str:
+    text = _line(value)
+    if not re.match(r"^https?://[^/\s]+", text):
+        raise _Bad(f"is {value!r}, not an http:// or https:// URL")
+    return text
+
+
 def _gid_index(value: Any) -> int:
     # An RDMA port's GID table has at most 256 entries (ibv_query_port's gid_tbl_len).
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
@@ -370,6 +388,8 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     COST: _mapping,
     MIG_LAYOUT: lambda value: value,  # with gpu_pool, by validate.mig (read() below)
     SYSFS_ROOT: _path,
+    DCGM_EXPORTER_PORT: _tcp_port,
+    DCGM_EXPORTER_URL: _http_url,
 }
 
 # The variables this module reads, in a stable order (the loader templates these).

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import fnmatch
 
-from validate.checks import dcgm, fabric, gpu, nccl, node, storage
+from validate.checks import dcgm, dcgm_exporter, fabric, gpu, nccl, node, storage
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict
 
 REGISTRY: dict[str, Check] = {
     c.id: c
     for c in sorted(
         (*node.CHECKS, *gpu.CHECKS, *fabric.CHECKS, *storage.CHECKS, *nccl.CHECKS,
-         *dcgm.CHECKS),
+         *dcgm.CHECKS, *dcgm_exporter.CHECKS),
         key=lambda c: (c.order, c.id),
     )
 }

@@ -29,6 +29,7 @@ CONTRACT_FAULTS = {
     "ib-link-degraded", "ib-rail-down",  # the fabric (issue 11)
     "mig-gpu-off", "ib-link-flap",  # MIG as declared, IB error counters (issue 31)
     "gpu-memory-fail",  # DCGM diagnostics (issue 31)
+    "dcgm-exporter-down", "dcgm-exporter-stale",  # the DCGM exporter (issue 32)
 }
 
 

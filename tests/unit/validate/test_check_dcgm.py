@@ -92,9 +92,9 @@ def test_a_deployment_error_reported_as_runtime_error_is_the_nodes_fault() -> No
 
 
 @pytest.mark.parametrize(("spec", "vars_", "runs"), [
-    ("dcgm.*", {}, [1]),                                       # a pattern: opt-in levels skip
+    ("dcgm.diag*", {}, [1]),                                   # a pattern: opt-in levels skip
     ("dcgm.diag_r3", {}, [3]),                                 # named exactly: it runs
-    ("dcgm.*", {"gpu_thresholds": {"dcgm": {"levels": [1, 2]}}}, [1, 2]),  # the profile's
+    ("dcgm.diag*", {"gpu_thresholds": {"dcgm": {"levels": [1, 2]}}}, [1, 2]),  # the profile's
 ])
 def test_levels_2_and_3_are_opt_in(fixtures_dir: Path, spec: str, vars_: dict,
                                    runs: list[int]) -> None:

@@ -75,6 +75,7 @@ def test_registry_has_every_issue_check() -> None:
         "fabric.ib_counters",
         "node.services",
         "dcgm.diag",
+        "dcgm.exporter",
         "dcgm.diag_r2",
         "dcgm.diag_r3",
     }
