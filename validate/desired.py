@@ -36,6 +36,8 @@ POOL = "gpu_pool"
 THRESHOLDS = "gpu_thresholds"
 ENVIRONMENT = "gpuready_environment"
 DRIVER_PIN = "nvidia_driver_version"
+# The DCGM release the nvidia_dcgm role installs: set, a node without dcgmi is an error.
+DCGM_PIN = "nvidia_dcgm_version"
 KERNEL_PIN = "gpuready_kernel_release"
 SERVICES = "gpuready_services"
 SCRATCH_PATH = "gpuready_scratch_path"
@@ -362,6 +364,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     THRESHOLDS: _mapping,
     ENVIRONMENT: _line,
     DRIVER_PIN: _version,
+    DCGM_PIN: _version,
     KERNEL_PIN: _word,
     SERVICES: _words,
     SCRATCH_PATH: _path,

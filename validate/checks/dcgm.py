@@ -26,6 +26,7 @@ import dataclasses
 import re
 from typing import ClassVar
 
+from validate import desired
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict, check_result, parsed
 from validate.model import CODE_EXIT, CODE_NOT_FOUND, Status
 from validate.parsers import ParseError, dcgmi_diag, nvidia_smi_csv
@@ -39,7 +40,7 @@ DEFAULT_TIMEOUT_S = {1: 120.0, 2: 900.0, 3: 3600.0}
 # The inventory's DCGM pin, the release the nvidia_dcgm role installs: where it is set, a node
 # without dcgmi is an error; where it is not, DCGM is not part of the node and the check is a
 # skip row saying so.
-DCGM_PIN = "nvidia_dcgm_version"
+DCGM_PIN = desired.DCGM_PIN
 _GPU = re.compile(r"\bGPU\s*(\d+)\b")
 # Every code the check emits (the actions catalogue has one entry per code).
 CODES = (

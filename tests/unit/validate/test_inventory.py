@@ -291,3 +291,28 @@ def test_a_shared_template_is_templated_for_each_host(tmp_path: Path) -> None:
     assert {n: (node.port, node.vars["nvidia_driver_version"]) for n, node in nodes.items()} == {
         "n1": (2201, "531.161.08"), "n2": (2202, "532.161.08"), "n3": (2203, "533.161.08")}
     assert {node.gpu_pool["accelerator"] for node in nodes.values()} == {"h100-80gb"}
+
+
+def test_the_dcgm_pin_reaches_the_checks_and_a_yaml_number_is_refused(tmp_path: Path) -> None:
+    """dcgm.diag tells "DCGM is not installed here" (no pin: a skip row) from "dcgmi is missing
+    on a node that pins DCGM" (an error) by nvidia_dcgm_version: the loader must hand it to the
+    checks, and refuse a pin that YAML turned into a number, as it does the driver's."""
+    good = _write(tmp_path / "good", {
+        "hosts.yml": POOLS.replace("gpuready_fio_size_mib: lots", "gpuready_fio_size_mib: 64"),
+        "group_vars/pool_h100_sxm.yml": 'gpu_profile: h100-sxm5-80gb-8x\n'
+                                        'nvidia_dcgm_version: "3.3.6"\n',
+        "group_vars/pool_l40s_pcie.yml": "gpu_profile: l40s-pcie-48gb-4x\n",
+    })
+    nodes = {n.name: n for n in load(good)}
+    assert nodes["h1"].vars["nvidia_dcgm_version"] == "3.3.6"
+    assert nodes["l1"].vars.get("nvidia_dcgm_version") is None
+    bad = _write(tmp_path / "bad", {
+        "hosts.yml": POOLS,
+        "group_vars/pool_h100_sxm.yml": "gpu_profile: h100-sxm5-80gb-8x\n"
+                                        "nvidia_dcgm_version: 3.3\n",
+        "group_vars/pool_l40s_pcie.yml": "gpu_profile: l40s-pcie-48gb-4x\n",
+    })
+    with pytest.raises(InventoryError) as err:
+        load(bad)
+    assert "nvidia_dcgm_version (set in group pool_h100_sxm, hosts h1, h2, h3) is the YAML " \
+        "number 3.3" in str(err.value)
