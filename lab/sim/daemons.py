@@ -307,8 +307,16 @@ def fabricmanager(args: list[str]) -> int:
 # -- GPU Feature Discovery (beside a real kubelet) ------------------------------------------
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
 FLAGS_ENV = "/var/lib/kubelet/kubeadm-flags.env"
-# The node labels GPU Feature Discovery owns (GPU Operator); others are left alone.
-GFD_PREFIX = "nvidia.com/"
+# The node labels GPU Feature Discovery sets (gfd_labels below): the only ones it changes or
+# removes. Others under nvidia.com/ belong to someone else (the device plugin's configuration
+# label, set by `validate cluster apply`; the MIG manager's), as NFD tracks what GFD created.
+GFD_KEYS = frozenset(f"nvidia.com/{key}" for key in (
+    "cuda.driver-version.full", "cuda.driver-version.major", "cuda.driver-version.minor",
+    "cuda.driver-version.revision", "cuda.runtime-version.full", "cuda.runtime-version.major",
+    "cuda.runtime-version.minor", "gfd.timestamp", "gpu.compute.major", "gpu.compute.minor",
+    "gpu.count", "gpu.family", "gpu.machine", "gpu.memory", "gpu.mode", "gpu.present",
+    "gpu.product", "gpu.replicas", "gpu.sharing-strategy", "mig.capable", "mig.strategy",
+    "mps.capable"))
 FAMILIES = {"Hopper": "hopper", "Ampere": "ampere", "Ada Lovelace": "ada-lovelace",
             "Blackwell": "blackwell", "Turing": "turing", "Volta": "volta"}
 # What gfd-mismatch makes GFD report: another SKU's product (stale labels from a swapped board).
@@ -400,7 +408,7 @@ def gpu_feature_discovery(args: list[str]) -> int:
             node = client.request("GET", f"/api/v1/nodes/{name}")
             hw, faults = _load()
             current = {k: v for k, v in (node["metadata"].get("labels") or {}).items()
-                       if k.startswith(GFD_PREFIX) and k != "nvidia.com/gfd.timestamp"}
+                       if k in GFD_KEYS and k != "nvidia.com/gfd.timestamp"}
             wanted = gfd_labels(hw, faults, _module_version(), int(time.time()))
             if current != {k: v for k, v in wanted.items() if k != "nvidia.com/gfd.timestamp"}:
                 stale = {k: None for k in current if k not in wanted}

@@ -52,8 +52,10 @@ from lab import controlplane, core, hosts
 from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
 from tests.lab.conftest import lab_cli, running_lab, ssh
+from tests.unit.validate.test_cluster_apply import install_crds
 from validate import cli
 from validate.ansible_ssh import runner_settings
+from validate.model import ExitCode
 
 PREFIX = "gpuready.node-restriction.kubernetes.io"  # inventory/lab/group_vars/all/cluster.yml
 TAINT_KEY = f"{PREFIX}/validation"
@@ -523,6 +525,34 @@ def _files(root: Path) -> Iterator[Path]:
     for path in root.rglob("*"):
         if path.is_file() and not path.is_symlink():
             yield path
+
+
+def test_the_cluster_layer_applies_on_the_lab_control_plane(cluster: Cluster,
+                                                            first_site: PlaybookRun) -> None:
+    """`validate cluster apply` from the lab's own inventory, on its real control plane with
+    the pinned GPU Operator and Kueue CRDs (no controller of theirs runs: no images): every
+    object accepted, each joined Node labelled with its pool's device plugin configuration, and
+    a second apply changes nothing."""
+    del first_site
+    started = time.monotonic()
+    install_crds(cluster.kubeconfig)
+    api = cluster.api()
+    api.create_namespace({"metadata": {"name": "gpu-operator"}})
+    inv = str(cluster.paths.inventory_dir)
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.main(["cluster", "apply", "-i", inv], stdout=out, stderr=err)
+    assert (rc, err.getvalue()) == (ExitCode.OK, ""), out.getvalue() + err.getvalue()
+    summary = out.getvalue().splitlines()[-1]
+    assert re.match(r"cluster: \d+ created, 2 configured, 0 deleted, 0 unchanged; ", summary), \
+        summary
+    for host in ("node1", "node2"):
+        labels = cluster.node(host)["metadata"]["labels"]
+        assert labels["nvidia.com/device-plugin.config"] == "full-gpu", labels
+    out = io.StringIO()
+    assert cli.main(["cluster", "apply", "-i", inv], stdout=out, stderr=err) == ExitCode.OK
+    assert re.match(r"cluster: 0 created, 0 configured, 0 deleted, \d+ unchanged; ",
+                    out.getvalue().splitlines()[-1]), out.getvalue()
+    cluster.log.append(f"cluster apply (CRDs, two applies): {time.monotonic() - started:.0f} s")
 
 
 def test_the_join_token_appears_nowhere(cluster: Cluster, first_site: PlaybookRun) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lab.hardware import render_host
-from lab.sim.daemons import gfd_labels
+from lab.sim.daemons import GFD_KEYS, gfd_labels
 
 REAL_NODES = "kubectl-get-nodes-o-json-list-rke2-vgpu-a16-4q-gpu-operator.json"
 
@@ -51,3 +51,12 @@ def test_what_nvml_cannot_see_is_not_labelled() -> None:
     assert gfd_labels(hw, set(), None, 0) == {}  # no driver loaded: no NVML, no labels
     assert gfd_labels(hw, {"driver-not-loaded"}, "550.90.07", 0) == {}
     assert gfd_labels(hw, {"gpu-missing"}, "550.90.07", 0)["nvidia.com/gpu.count"] == "7"
+
+
+def test_gfd_owns_exactly_the_labels_it_sets() -> None:
+    """GFD changes and removes only its own labels: a label under nvidia.com/ that it does not
+    set (the device plugin configuration label `validate cluster apply` puts on a Node) is
+    someone else's, and a simulated GFD that removed it made every apply change the Node."""
+    labels = gfd_labels(render_host("h100-sxm5-8x", "n1"), set(), "550.90.07", 1)
+    assert set(labels) == GFD_KEYS
+    assert "nvidia.com/device-plugin.config" not in GFD_KEYS

@@ -42,7 +42,7 @@ LAB_NODES = ("node1", "node2")  # of the default fleet's GPU hosts; node3 has no
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApiServer]:
     with running_apiserver(tmp_path_factory.mktemp("cluster"), 18, CONTROLLERS) as server:
-        install_crds(server)
+        install_crds(server.kubeconfig)
         api = core_api(server)
         api.create_namespace({"metadata": {"name": "gpu-operator"}})
         for name in LAB_NODES:
@@ -55,17 +55,21 @@ def lab_inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return lab_copy(tmp_path_factory.mktemp("inventory"), "default")
 
 
-def install_crds(server: LocalApiServer) -> None:
-    from kubernetes import client  # noqa: PLC0415
+def install_crds(kubeconfig: Path) -> None:
+    """The pinned releases' CRDs, created through ``kubeconfig``'s API server; once every kind
+    is served (also the lab's real control plane, tests/lab/test_cluster.py)."""
+    from kubernetes import client, config  # noqa: PLC0415
 
-    ext = client.ApiextensionsV1Api(core_api(server).api_client)
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    ext = client.ApiextensionsV1Api(client.ApiClient(configuration))
     names = []
     for path in sorted(CRDS.glob("*/*.yaml")):
         doc = yaml.safe_load(path.read_text())
         ext.create_custom_resource_definition(doc)
         names.append(doc["metadata"]["name"])
     deadline = time.monotonic() + 30
-    api = cluster_apply.ClusterApi(server.kubeconfig)
+    api = cluster_apply.ClusterApi(kubeconfig)
     while time.monotonic() < deadline:
         served = {r["name"] for v in ("kueue.x-k8s.io/v1beta2", "nvidia.com/v1")
                   for r in _resources(api, v)}
