@@ -112,6 +112,15 @@ def start(paths: LabPaths, host: LabHost) -> int:
     return proc.pid
 
 
+def host_cgroups(paths: LabPaths, name: str) -> list[Path]:
+    """The cgroups the host's supervisor made and moved into (lab.supervisor writes them)."""
+    try:
+        text = (paths.host_dir(name) / "cgroups").read_text()
+    except FileNotFoundError:
+        return []
+    return [Path(line) for line in text.splitlines() if line]
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())

@@ -147,6 +147,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     cgroups = _enter_own_cgroup(cgroup_tag(host_dir, spec["name"]))
+    # What `lab down` must leave empty, and what a test checks: the cgroups this host really
+    # got (a hierarchy it could not use is said in supervisor.log above).
+    (host_dir / "cgroups").write_text("".join(f"{c}\n" for c in cgroups))
     boots = 0
     with (host_dir / "console.log").open("ab") as console:
         while not stopping:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from lab import core
+from lab import core, hosts
 from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
+from lab.supervisor import cgroup_tag
 
 pytestmark = pytest.mark.lab
 
@@ -39,6 +40,25 @@ def running_lab(**kwargs: object) -> Iterator[LabState]:
         yield state
     finally:
         core.down(paths)
+
+
+def assert_host_cgroups(paths: LabPaths, state: LabState) -> list[Path]:
+    """Each host's supervisor moved into its own cgroup in every hierarchy (as its
+    /proc/PID/cgroup shows), or said in its log which one it could not use (a machine may
+    refuse one, say a delegated memory hierarchy). Returns the cgroups made, which all exist."""
+    made = []
+    for h in state.hosts:
+        mine = hosts.host_cgroups(paths, h.name)
+        log = (paths.host_dir(h.name) / "supervisor.log").read_text(errors="replace")
+        pid = hosts.supervisor_pid(paths, h.name)
+        assert pid and mine, (h.name, pid, mine, log)
+        tag = cgroup_tag(paths.host_dir(h.name), h.name)
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        elsewhere = [line for line in lines if not line.endswith(f"/gpuready-lab/{tag}")]
+        assert len(elsewhere) <= log.count("cannot use cgroup"), (elsewhere, log)
+        assert all(c.is_dir() for c in mine), (mine, log)
+        made += mine
+    return made
 
 
 @pytest.fixture

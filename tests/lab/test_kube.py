@@ -32,7 +32,7 @@ from lab.core import LabState
 from lab.fleet import LabHost
 from lab.kube import build, cluster
 from lab.paths import REPO_ROOT, LabPaths
-from tests.lab.conftest import lab_cli, running_lab
+from tests.lab.conftest import assert_host_cgroups, lab_cli, running_lab
 
 PACKAGING = REPO_ROOT / "tests/fixtures/kube-packaging"
 VERSION = build.read_go_mod().kubernetes_version
@@ -280,9 +280,7 @@ def test_down_stops_the_cluster_and_leaves_nothing(nodes: LabState) -> None:
     """Last: `lab down` halts the hosts and with them etcd, the API server and the kubelets;
     no process, mount or cgroup of theirs (the kubelets' kubepods included) remains."""
     paths = LabPaths.default()
-    tags = [supervisor.cgroup_tag(paths.host_dir(h.name), h.name) for h in nodes.hosts]
-    cgroups = [root / "gpuready-lab" / tag for root in supervisor.cgroup_roots() for tag in tags]
-    assert all(c.is_dir() for c in cgroups)
+    cgroups = assert_host_cgroups(paths, nodes)
     started = time.monotonic()
     core.down(paths)
     print(f"lab down: {time.monotonic() - started:.1f} s")

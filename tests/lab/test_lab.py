@@ -15,8 +15,14 @@ from lab import core, hosts
 from lab.core import LabState
 from lab.fleet import ADDRESS_NET
 from lab.paths import LabPaths
-from lab.supervisor import cgroup_roots, cgroup_tag
-from tests.lab.conftest import DEBIAN12_CUDA, lab_apt_sources, lab_cli, running_lab, ssh
+from tests.lab.conftest import (
+    DEBIAN12_CUDA,
+    assert_host_cgroups,
+    lab_apt_sources,
+    lab_cli,
+    running_lab,
+    ssh,
+)
 
 
 @pytest.fixture(scope="module")
@@ -186,9 +192,7 @@ def test_down_leaves_nothing_behind(lab_paths: LabPaths) -> None:
     with running_lab(nodes=2) as state:
         assert _listeners()
         assert core.host_processes(lab_paths)
-        cgroups = [root / "gpuready-lab" / cgroup_tag(lab_paths.host_dir(h.name), h.name)
-                   for root in cgroup_roots() for h in state.hosts]
-        assert all(c.is_dir() for c in cgroups)
+        cgroups = assert_host_cgroups(lab_paths, state)
     assert core.host_processes(lab_paths) == []
     assert hosts.lab_mounts(lab_paths) == []
     assert _listeners() == []
