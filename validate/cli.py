@@ -23,6 +23,8 @@ call it in-process with their own streams; a closed or broken stream never stops
     python -m validate cluster render -i <inventory> -o DIR   the cluster's manifests
     python -m validate cluster apply -i <inventory> [--check]  server-side apply and prune
                                                  (validate/cluster/, docs/cluster.md)
+    python -m validate upgrade plan|drain|mark|finish -i <inventory> ...   a rolling
+                                                 upgrade's Kubernetes side (validate/upgrade.py)
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO, cast
 
-from validate import argtypes, cost, fabric, gate, runinfo, runner
+from validate import argtypes, cost, fabric, gate, runinfo, runner, upgrade
 from validate import checks as check_registry
 from validate.cluster import cli as cluster_cli
 from validate.drift import cli as drift_cli
@@ -208,7 +210,7 @@ def _build_parser(stdout: TextIO, stderr: TextIO) -> _Parser:
                          "stays tainted until a fresh, complete passing run is gated")
     gt.add_argument("--reason", help="why the quarantined node may go back (with --release)")
     for parser in (p, r, fb, ps, rp, ck, gt, *drift_cli.add_parsers(sub, DEFAULT_OUT),
-                   *cluster_cli.add_parsers(sub)):
+                   *cluster_cli.add_parsers(sub), *upgrade.add_parsers(sub)):
         parser.streams = (stdout, stderr)
     return p
 
@@ -673,6 +675,8 @@ def _dispatch(argv: Sequence[str] | None, stdout: TextIO, stderr: TextIO) -> int
             return int(drift_cli.cmd_history(args, out, err))
         if args.cmd == "cluster":
             return int(cluster_cli.cmd_cluster(args, out, err))
+        if args.cmd == "upgrade":
+            return int(upgrade.cmd_upgrade(args, out, err))
         for cid, check in check_registry.REGISTRY.items():
             out.write(f"{cid:20} {check.title}\n")
         for cid, title in check_registry.MULTI_NODE.items():

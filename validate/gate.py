@@ -100,6 +100,10 @@ class ApiUnavailable(GateError):
     does not verify."""
 
 
+class TooManyRequests(GateError):
+    """429: the API server refused for now (an eviction a PodDisruptionBudget does not allow)."""
+
+
 class Conflict(Exception):
     """409: the Node changed since it was read."""
 
@@ -162,6 +166,8 @@ class KubeNodeApi:
                 raise Conflict(message) from None
             if status == 404:
                 raise NotFound(message) from None
+            if status == 429:
+                raise TooManyRequests(message) from None
             if status in (401, 403):
                 raise ApiUnavailable(f"the API server at {self.server} refused the gate "
                                      f"({status}): {message}") from None

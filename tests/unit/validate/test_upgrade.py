@@ -1,0 +1,244 @@
+"""validate/upgrade.py's Kubernetes side against a real kube-apiserver and the real
+kube-controller-manager's disruption controller (tests/kube_helpers.py): the API server enforces
+the PodDisruptionBudget on every eviction, the controller counts what it allows.
+
+No kubelet runs here, so the test plays the kubelet's one part the drain depends on: it reports
+the pods Running and Ready (their status, as a kubelet writes it) so that the disruption
+controller counts them healthy. The pods have a termination grace period of 0, so an accepted
+eviction deletes them at once, as a kubelet would confirm it. The lab test
+(tests/lab/test_upgrade.py) rolls real nodes with real kubelets.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kube_helpers import LocalApiServer, core_api, running_apiserver
+from tests.unit.validate.gate_runs import write_inventory
+from validate import cli, upgrade
+from validate.model import ExitCode
+
+P = "gpu.example.com.node-restriction.kubernetes.io"
+NODES = ("u1", "u2", "u3", "u4")
+NS = "train"
+CONTROLLERS = ("disruption", "serviceaccount", "serviceaccount-token")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApiServer]:
+    with running_apiserver(tmp_path_factory.mktemp("upgrade"), 20, CONTROLLERS) as server:
+        api = core_api(server)
+        for name in NODES:
+            api.create_node({"metadata": {"name": name}})
+        api.create_namespace({"metadata": {"name": NS}})
+        _wait(lambda: _default_sa(api), "the namespace's default ServiceAccount")
+        yield server
+
+
+@pytest.fixture(scope="module")
+def inventory(cluster: LocalApiServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_inventory(tmp_path_factory.mktemp("inv"), NODES, prefix=P,
+                           kubeconfig=cluster.kubeconfig)
+
+
+def _default_sa(api: Any) -> bool:
+    return any(sa.metadata.name == "default"
+               for sa in api.list_namespaced_service_account(NS).items)
+
+
+def _wait(ok: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def ready_pod(api: Any, name: str, node: str, app: str, **meta: Any) -> None:
+    api.create_namespaced_pod(NS, {
+        "metadata": {"name": name, "labels": {"app": app}, **meta},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "c", "image": "gpuready.lab/sleep:1"}]}})
+    now = "2026-12-06T00:00:00Z"
+    api.patch_namespaced_pod_status(name, NS, {"status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
+                       {"type": "ContainersReady", "status": "True",
+                        "lastTransitionTime": now}]}})
+
+
+def pdb(api: Any, app: str, min_available: int) -> None:
+    from kubernetes import client  # noqa: PLC0415
+
+    client.PolicyV1Api(api.api_client).create_namespaced_pod_disruption_budget(NS, {
+        "metadata": {"name": app},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}}})
+
+
+def allowed(api: Any, app: str, expected: int) -> None:
+    """Wait until the disruption controller has counted the app's pods."""
+    from kubernetes import client  # noqa: PLC0415
+
+    policy = client.PolicyV1Api(api.api_client)
+
+    def counted() -> bool:
+        status = policy.read_namespaced_pod_disruption_budget(app, NS).status
+        return bool(status and status.observed_generation is not None
+                    and status.disruptions_allowed == expected)
+    _wait(counted, f"PDB {app} to allow {expected}")
+
+
+def upgrade_cli(inventory: Path, *args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.main(["upgrade", args[0], "-i", str(inventory), *args[1:]], stdout=out,
+                  stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def node(api: Any, name: str) -> Any:
+    return api.read_node(name)
+
+
+def our_taints(n: Any) -> list[tuple[str, str]]:
+    return [(t.value, t.effect) for t in n.spec.taints or [] if t.key == f"{P}/validation"]
+
+
+def test_the_pdb_lets_one_node_drain_and_holds_the_next(cluster: LocalApiServer,
+                                                        inventory: Path) -> None:
+    api = core_api(cluster)
+    for i, n in enumerate(NODES):
+        ready_pod(api, f"web-{i}", n, "web")
+    ready_pod(api, "agent-u1", "u1", "agent", ownerReferences=[{
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "d1",
+        "controller": True}])
+    pdb(api, "web", 3)
+    allowed(api, "web", 1)
+    # The dry run says what the drain would do and changes nothing.
+    before = node(api, "u1").metadata.resource_version
+    rc, out, _ = upgrade_cli(inventory, "drain", "--node", "u1", "--dry-run")
+    assert rc == ExitCode.OK
+    assert f"evict {NS}/web-0" in out and f"leave {NS}/agent-u1" in out
+    assert node(api, "u1").metadata.resource_version == before
+    # u1 drains: its web pod goes through the Eviction API; the DaemonSet's pod stays.
+    rc, out, err = upgrade_cli(inventory, "drain", "--node", "u1", "--timeout", "20")
+    assert rc == ExitCode.OK, (out, err)
+    assert f"evicted {NS}/web-0" in out
+    pods = {p.metadata.name for p in api.list_namespaced_pod(NS).items}
+    assert "web-0" not in pods and "agent-u1" in pods
+    u1 = node(api, "u1")
+    assert u1.spec.unschedulable is True
+    assert our_taints(u1) == [("upgrading", "NoSchedule")]
+    assert u1.metadata.annotations[f"{P}/upgrade-state"] == "drained"
+    # The PDB now allows nothing: u2's drain is refused by the API server until the timeout;
+    # the node is left cordoned and tainted, the state says who is in the way.
+    allowed(api, "web", 0)
+    rc, out, err = upgrade_cli(inventory, "drain", "--node", "u2", "--timeout", "3")
+    assert rc == ExitCode.CHECK_FAILED, (out, err)
+    assert f"refused {NS}/web-1" in out and "disruption budget" in out
+    assert "web-1" in {p.metadata.name for p in api.list_namespaced_pod(NS).items}
+    u2 = node(api, "u2")
+    assert u2.spec.unschedulable is True and our_taints(u2) == [("upgrading", "NoSchedule")]
+    state = u2.metadata.annotations
+    assert state[f"{P}/upgrade-state"] == "drain-timeout"
+    assert f"{NS}/web-1" in state[f"{P}/upgrade-detail"]
+    # The plan's view of the same: web-1's eviction is blocked by the PDB now.
+    from kubernetes import client  # noqa: PLC0415
+
+    as_json = api.api_client.sanitize_for_serialization
+    pdbs = [as_json(p) for p in
+            client.PolicyV1Api(api.api_client).list_pod_disruption_budget_for_all_namespaces()
+            .items]
+    web1 = upgrade.pod_on_node(as_json(api.read_namespaced_pod("web-1", NS)))
+    assert upgrade.blocking(web1, pdbs) == [f"PDB {NS}/web allows 0 disruption(s)"]
+    # Once u1's pod is back (Ready on u1 again), the budget allows one more and u2 drains.
+    ready_pod(api, "web-0b", "u1", "web")
+    allowed(api, "web", 1)
+    rc, out, err = upgrade_cli(inventory, "drain", "--node", "u2", "--timeout", "20")
+    assert rc == ExitCode.OK, (out, err)
+    assert node(api, "u2").metadata.annotations[f"{P}/upgrade-state"] == "drained"
+
+
+def test_force_delete_only_when_asked(cluster: LocalApiServer, inventory: Path) -> None:
+    api = core_api(cluster)
+    ready_pod(api, "db-0", "u3", "db")
+    pdb(api, "db", 1)
+    allowed(api, "db", 0)
+    rc, out, _ = upgrade_cli(inventory, "drain", "--node", "u3", "--timeout", "2")
+    assert rc == ExitCode.CHECK_FAILED
+    assert "db-0" in {p.metadata.name for p in api.list_namespaced_pod(NS).items}
+    rc, out, err = upgrade_cli(inventory, "drain", "--node", "u3", "--timeout", "2",
+                               "--force-delete")
+    assert rc == ExitCode.OK, (out, err)
+    assert f"deleted {NS}/db-0 (gpuready_upgrade_force_delete)" in out
+    assert "db-0" not in {p.metadata.name for p in api.list_namespaced_pod(NS).items}
+    detail = node(api, "u3").metadata.annotations[f"{P}/upgrade-detail"]
+    assert "deleted by force" in detail and f"{NS}/db-0" in detail
+
+
+def test_finish_uncordons_only_what_the_gate_admitted(cluster: LocalApiServer,
+                                                      inventory: Path) -> None:
+    api = core_api(cluster)
+    assert node(api, "u1").spec.unschedulable is True  # drained above
+    # Not admitted: the upgrading taint is still on; finish leaves it cordoned, failed.
+    rc, out, _ = upgrade_cli(inventory, "finish", "--node", "u1")
+    assert rc == ExitCode.CHECK_FAILED
+    u1 = node(api, "u1")
+    assert u1.spec.unschedulable is True
+    assert u1.metadata.annotations[f"{P}/upgrade-state"] == "failed"
+    assert "taint upgrading" in u1.metadata.annotations[f"{P}/upgrade-detail"]
+    # As the gate admits a node: label passed, taint lifted. Then finish uncordons it.
+    api.patch_node("u1", {"metadata": {"labels": {f"{P}/validation": "passed"}},
+                          "spec": {"taints": [t for t in api.api_client
+                                              .sanitize_for_serialization(u1.spec.taints)
+                                              if t["key"] != f"{P}/validation"]}})
+    rc, out, _ = upgrade_cli(inventory, "finish", "--node", "u1")
+    assert rc == ExitCode.OK, out
+    u1 = node(api, "u1")
+    assert not u1.spec.unschedulable
+    assert u1.metadata.annotations[f"{P}/upgrade-state"] == "done"
+    # mark records the steps between (the playbook's), keeping the taint on.
+    rc, _, _ = upgrade_cli(inventory, "mark", "--node", "u2", "--state", "upgrading",
+                           "--detail", "driver library 550.90.07 -> 550.90.12")
+    assert rc == ExitCode.OK
+    u2 = node(api, "u2").metadata.annotations
+    assert u2[f"{P}/upgrade-state"] == "upgrading"
+    assert u2[f"{P}/upgrade-detail"].endswith("driver library 550.90.07 -> 550.90.12")
+
+
+def test_an_api_server_that_is_down_is_exit_3(tmp_path: Path) -> None:
+    with running_apiserver(tmp_path, 21) as server:
+        inv = write_inventory(tmp_path / "inv", ("u1",), prefix=P, kubeconfig=server.kubeconfig)
+    rc, _, err = upgrade_cli(inv, "drain", "--node", "u1")
+    assert rc == ExitCode.UNREACHABLE
+    assert "cannot reach the Kubernetes API" in err
+
+
+def test_batches_and_serial_as_ansible_reads_them() -> None:
+    hosts = ["n1", "n2", "n3", "n4", "n5"]
+    assert upgrade.batches(hosts, "2") == [["n1", "n2"], ["n3", "n4"], ["n5"]]
+    assert upgrade.batches(hosts, "40%") == [["n1", "n2"], ["n3", "n4"], ["n5"]]
+    assert upgrade.batches(hosts, "10%") == [[h] for h in hosts]  # at least one
+    assert upgrade.batches([], "1") == []
+    for bad in ("0", "-1", "1.5", "150%", "nan", "x", "0%"):
+        with pytest.raises(Exception, match="whole number of nodes or a percentage"):
+            upgrade.serial_arg(bad)
+
+
+def test_selectors_as_the_api_server_matches_them() -> None:
+    labels = {"app": "web", "tier": "gpu"}
+    assert upgrade.selector_matches({}, labels)  # empty: every pod of the namespace
+    assert not upgrade.selector_matches(None, labels)
+    assert upgrade.selector_matches({"matchLabels": {"app": "web"}}, labels)
+    assert not upgrade.selector_matches({"matchLabels": {"app": "db"}}, labels)
+    exprs = [({"key": "tier", "operator": "In", "values": ["gpu"]}, True),
+             ({"key": "tier", "operator": "NotIn", "values": ["gpu"]}, False),
+             ({"key": "zone", "operator": "Exists"}, False),
+             ({"key": "zone", "operator": "DoesNotExist"}, True)]
+    for expr, expected in exprs:
+        assert upgrade.selector_matches({"matchExpressions": [expr]}, labels) is expected

@@ -1,0 +1,523 @@
+"""``python -m validate upgrade``: the Kubernetes side of a rolling upgrade (playbooks/upgrade.yml).
+
+    python -m validate upgrade plan   -i <inventory> [--limit PATTERN] [--serial N|P%]
+                                      [--format text|json] [--kubeconfig FILE]
+    python -m validate upgrade drain  -i <inventory> --node HOST [--timeout S]
+                                      [--force-delete] [--dry-run]
+    python -m validate upgrade mark   -i <inventory> --node HOST --state STATE [--detail TEXT]
+    python -m validate upgrade finish -i <inventory> --node HOST
+
+``plan`` reads what every node runs with drift's versions probes (validate/drift/probes.py:
+kernel, driver library and module, the two disagreeing) and each Node's upgrade state: a node
+that differs from its pins, or whose roll stopped before ``done``, is pending; a node at its pins
+is not drained. It lists the batches (``--serial`` as Ansible's ``serial`` reads it), the pods
+each drain would evict and the PodDisruptionBudgets that would refuse it now. It writes nothing.
+A node whose versions cannot be read is listed as unreadable and not upgraded.
+
+``drain`` records the state on the Node (``<prefix>/upgrade-state``, ``<prefix>/upgrade-detail``),
+cordons it, puts the validation taint on it (``<prefix>/validation=upgrading``: the gate lifts it
+only on a pass) and evicts its pods through the Eviction API, so the API server enforces every
+PDB. DaemonSet pods and static (mirror) pods are left, as ``kubectl drain --ignore-daemonsets``
+leaves them; every other pod is evicted, a bare one too (the plan says it will not come back).
+A refused eviction (429) is asked again every few seconds until ``--timeout``; then the node is
+left cordoned and tainted, its state ``drain-timeout`` with the pods and PDBs in the way, and
+the command exits 1. Only ``--force-delete`` (the inventory's ``gpuready_upgrade_force_delete``)
+deletes the pods still there at the timeout, PDBs notwithstanding; nothing else ever does.
+
+``mark`` records a state (``upgrading``, ``validating``, ``failed``) with its detail. ``finish``
+uncordons a node the gate has admitted (label ``<prefix>/validation=passed``, no validation
+taint) and records ``done``; a node the gate did not admit stays cordoned, ``failed``, exit 1.
+
+Every Node write is one JSON merge patch guarded by the ``resourceVersion`` it was decided on,
+read again on 409 (as the gate does). Exit codes: 0 done; 1 a node is left out (drain timed out,
+not admitted); 2 bad input or a refused request; 3 the API server cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from validate import argtypes, gate, runner
+from validate.checks.base import NodeContext
+from validate.drift import probes
+from validate.drift.model import FindingStatus, Layer
+from validate.inventory import Node, load, profile_for
+from validate.labels import taint_key
+from validate.model import ExitCode
+from validate.profiles import ProfileError
+
+STATE = "upgrade-state"
+DETAIL = "upgrade-detail"
+DRAINING, DRAINED, DRAIN_TIMEOUT = "draining", "drained", "drain-timeout"
+UPGRADING, VALIDATING, FAILED, DONE = "upgrading", "validating", "failed", "done"
+STATES = (DRAINING, DRAINED, DRAIN_TIMEOUT, UPGRADING, VALIDATING, FAILED, DONE)
+MARKABLE = (UPGRADING, VALIDATING, FAILED)
+TAINT_UPGRADING = "upgrading"
+TAINT_EFFECT = "NoSchedule"
+DEFAULT_DRAIN_TIMEOUT_S = 600.0
+MAX_DRAIN_TIMEOUT_S = 24 * 3600.0
+RETRY_S = 2.0
+MAX_DETAIL = 1000
+MIRROR = "kubernetes.io/config.mirror"
+
+
+class UpgradeError(gate.GateError):
+    """The upgrade step cannot do its work (exit 2); the message says why."""
+
+
+# -- the API ------------------------------------------------------------------------------------
+class UpgradeApi(gate.KubeNodeApi):
+    """The gate's Node client, plus what a drain needs: the node's pods, the PDBs, evictions."""
+
+    def __init__(self, kubeconfig: Path | None) -> None:
+        super().__init__(kubeconfig)
+        self._policy = self._client.PolicyV1Api(self._api.api_client)
+
+    def list_pods(self, node_name: str) -> list[dict[str, Any]]:
+        data = self._call("list", self._api.list_pod_for_all_namespaces,
+                          field_selector=f"spec.nodeName={node_name}")
+        return [dict(p) for p in data.get("items") or []]
+
+    def list_pdbs(self) -> list[dict[str, Any]]:
+        data = self._call("list", self._policy.list_pod_disruption_budget_for_all_namespaces)
+        return [dict(p) for p in data.get("items") or []]
+
+    def evict(self, namespace: str, name: str) -> str:
+        """``evicted``, ``gone`` (404); raises :class:`gate.TooManyRequests` when a PDB (or
+        its controller not having counted yet) refuses."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace}}
+        try:
+            self._call("evict", self._api.create_namespaced_pod_eviction, name, namespace, body)
+        except gate.NotFound:
+            return "gone"
+        return "evicted"
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with contextlib.suppress(gate.NotFound):
+            self._call("delete", self._api.delete_namespaced_pod, name, namespace)
+
+
+# -- pods and PDBs ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PodOnNode:
+    namespace: str
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    owner: str  # "ReplicaSet/web-abc", "" for a bare pod
+    action: str  # evict | leave (daemonset, mirror)
+    why: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_on_node(pod: Mapping[str, Any]) -> PodOnNode:
+    meta = pod.get("metadata") or {}
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    owner = f"{owners[0].get('kind')}/{owners[0].get('name')}" if owners else ""
+    action, why = "evict", "" if owner else "bare pod: nothing recreates it"
+    if owners and owners[0].get("kind") == "DaemonSet":
+        action, why = "leave", "DaemonSet"
+    elif MIRROR in (meta.get("annotations") or {}):
+        action, why = "leave", "static pod"
+    return PodOnNode(str(meta.get("namespace", "")), str(meta.get("name", "")),
+                     str(meta.get("uid", "")), dict(meta.get("labels") or {}), owner, action,
+                     why)
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions) against a pod's labels. An empty
+    selector matches every pod of the namespace (policy/v1), a missing one none."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        ok = {"In": key in labels and labels[key] in values,
+              "NotIn": key not in labels or labels[key] not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def pdbs_for(pod: PodOnNode, pdbs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [p for p in pdbs if (p.get("metadata") or {}).get("namespace") == pod.namespace
+            and selector_matches((p.get("spec") or {}).get("selector"), pod.labels)]
+
+
+def pdb_text(pdb: Mapping[str, Any]) -> str:
+    meta, status = pdb.get("metadata") or {}, pdb.get("status") or {}
+    return (f"PDB {meta.get('namespace')}/{meta.get('name')} allows "
+            f"{status.get('disruptionsAllowed', 0)} disruption(s)")
+
+
+def blocking(pod: PodOnNode, pdbs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The PDBs that would refuse this pod's eviction now (none left to allow)."""
+    return [pdb_text(p) for p in pdbs_for(pod, pdbs)
+            if int((p.get("status") or {}).get("disruptionsAllowed", 0)) < 1]
+
+
+# -- Node state ---------------------------------------------------------------------------------
+def k8s_name(node: Node) -> str:
+    return node.desired.gate.node_name or node.name
+
+
+def node_state(node: Mapping[str, Any], prefix: str) -> tuple[str | None, str]:
+    notes = (node.get("metadata") or {}).get("annotations") or {}
+    return notes.get(f"{prefix}/{STATE}"), str(notes.get(f"{prefix}/{DETAIL}", ""))
+
+
+def _now() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
+
+
+def state_patch(node: Mapping[str, Any], prefix: str, state: str, detail: str, *,
+                cordon: bool | None = None, taint: bool | None = None) -> dict[str, Any]:
+    """The merge patch recording ``state`` (and, when asked, cordoning or uncordoning and
+    putting on or lifting the upgrading taint), guarded by the Node's resourceVersion."""
+    meta = node.get("metadata") or {}
+    patch: dict[str, Any] = {"metadata": {
+        "resourceVersion": meta.get("resourceVersion"),
+        "annotations": {f"{prefix}/{STATE}": state,
+                        f"{prefix}/{DETAIL}": f"{_now()} {detail}".strip()[:MAX_DETAIL]}}}
+    spec: dict[str, Any] = {}
+    if cordon is not None:
+        spec["unschedulable"] = True if cordon else None
+    if taint is not None:
+        key = taint_key(prefix)
+        taints = [dict(t) for t in (node.get("spec") or {}).get("taints") or []]
+        others = [t for t in taints if t.get("key") != key]
+        if taint:
+            ours = [t for t in taints if t.get("key") == key]
+            # A failed node's taint stays as the gate set it: it says more than "upgrading".
+            others += ours or [{"key": key, "value": TAINT_UPGRADING, "effect": TAINT_EFFECT}]
+        spec["taints"] = others
+    if spec:
+        patch["spec"] = spec
+    return patch
+
+
+def write_state(api: gate.NodeApi, name: str, prefix: str, state: str, detail: str, *,
+                cordon: bool | None = None, taint: bool | None = None) -> dict[str, Any]:
+    """Read the Node, patch it, and on 409 read it again (up to the gate's MAX_ATTEMPTS)."""
+    for _attempt in range(gate.MAX_ATTEMPTS):
+        try:
+            node = api.get_node(name)
+        except gate.NotFound:
+            raise UpgradeError(f"no Node {name!r} in the cluster (never joined?)") from None
+        try:
+            return api.patch_node(name, state_patch(node, prefix, state, detail,
+                                                    cordon=cordon, taint=taint))
+        except gate.Conflict:
+            continue
+    raise UpgradeError(f"Node {name}: still changing after {gate.MAX_ATTEMPTS} attempts")
+
+
+# -- plan ---------------------------------------------------------------------------------------
+@dataclass
+class NodePlan:
+    host: str
+    name: str
+    reasons: list[str] = field(default_factory=list)  # versions that differ from the pins
+    state: str | None = None
+    detail: str = ""
+    unreadable: str = ""
+    pods: list[PodOnNode] = field(default_factory=list)
+    blocked: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def pending(self) -> bool:
+        return not self.unreadable and (bool(self.reasons)
+                                        or self.state not in (None, DONE))
+
+
+def read_versions(node: Node, timeout_s: float, accept_unknown_host_keys: bool
+                  ) -> tuple[list[str], str]:
+    """(what differs from the pins, why the node could not be read)."""
+    try:
+        profile = profile_for(node)
+    except ProfileError as exc:
+        return [], str(exc)
+    try:
+        transport = runner.default_transport(node, accept_unknown_host_keys)
+    except Exception as exc:  # a bad connection setting is this node's problem only
+        return [], f"cannot set up the connection: {exc}"
+    try:
+        seen = probes.probe(NodeContext("upgrade-plan", node, profile, transport, timeout_s))
+    except Exception as exc:  # a bug must cost one node, not the plan
+        return [], f"the versions probe failed: {type(exc).__name__}: {exc}"
+    finally:
+        transport.close()
+    if seen.unreachable:
+        return [], seen.unreachable
+    versions = [f for f in seen.findings if f.layer is Layer.VERSIONS]
+    errors = [f"{f.item}: {f.detail or f.actual}" for f in versions
+              if f.status is not FindingStatus.DRIFT]
+    if errors:
+        return [], "; ".join(errors)
+    return [f"{f.item} {f.actual} -> {f.declared}" for f in versions], ""
+
+
+def batches(hosts: Sequence[str], serial: str) -> list[list[str]]:
+    """Ansible's ``serial`` over the pending hosts: a count, or a percentage of them (at least
+    one host per batch)."""
+    if not hosts:
+        return []
+    size = (max(1, int(len(hosts) * float(serial[:-1]) / 100)) if serial.endswith("%")
+            else int(serial))
+    return [list(hosts[i:i + size]) for i in range(0, len(hosts), size)]
+
+
+def serial_arg(text: str) -> str:
+    number = text[:-1] if text.endswith("%") else text
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    percent = text.endswith("%")
+    if not (math.isfinite(value) and value > 0
+            and (value <= 100 if percent else value == int(value))):
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of nodes or a percentage up to 100%, not {text!r}")
+    return text
+
+
+def plan(nodes: Sequence[Node], api: UpgradeApi, prefix: str, *, timeout_s: float,
+         concurrency: int, accept_unknown_host_keys: bool) -> list[NodePlan]:
+    plans = [NodePlan(n.name, k8s_name(n)) for n in nodes]
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(nodes)))) as pool:
+        versions = list(pool.map(
+            lambda n: read_versions(n, timeout_s, accept_unknown_host_keys), nodes))
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in api.list_nodes()}
+    pdbs = api.list_pdbs()
+    for p, (reasons, unreadable) in zip(plans, versions, strict=True):
+        p.reasons, p.unreadable = reasons, unreadable
+        node = by_name.get(p.name)
+        if node is None:
+            p.unreadable = p.unreadable or f"no Node {p.name!r} in the cluster"
+            continue
+        p.state, p.detail = node_state(node, prefix)
+        if p.pending:
+            p.pods = [pod_on_node(pod) for pod in api.list_pods(p.name)]
+            p.blocked = {pod.ref: b for pod in p.pods if pod.action == "evict"
+                         and (b := blocking(pod, pdbs))}
+    return plans
+
+
+def plan_lines(plans: Sequence[NodePlan], serial: str) -> list[str]:
+    pending = [p for p in plans if p.pending]
+    groups = batches([p.host for p in pending], serial)
+    current = [p.host for p in plans if not p.pending and not p.unreadable]
+    unreadable = [p for p in plans if p.unreadable]
+    lines = [f"upgrade plan: {len(pending)} of {len(plans)} node(s) to upgrade in "
+             f"{len(groups)} batch(es) (serial {serial}); {len(current)} at the pins; "
+             f"{len(unreadable)} unreadable"]
+    by_host = {p.host: p for p in plans}
+    for i, group in enumerate(groups, 1):
+        lines.append(f"batch {i}: {', '.join(group)}")
+        for host in group:
+            p = by_host[host]
+            why = "; ".join(p.reasons) or f"its last roll stopped at {p.state}"
+            lines.append(f"  {host}: {why}" + (f" (state {p.state})" if p.state
+                                               and p.reasons else ""))
+            for pod in p.pods:
+                verb = "evict" if pod.action == "evict" else "leave"
+                note = ", ".join(x for x in (pod.owner, pod.why) if x)
+                lines.append(f"    {verb} {pod.ref}" + (f" ({note})" if note else ""))
+                lines += [f"      blocked now: {b}" for b in p.blocked.get(pod.ref, [])]
+    lines += [f"{h}: at the pins, not drained" for h in current]
+    lines += [f"{p.host}: unreadable, not upgraded: {p.unreadable}" for p in unreadable]
+    return lines
+
+
+def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
+    pending = [p.host for p in plans if p.pending]
+    return {
+        "serial": serial, "batches": batches(pending, serial), "pending": pending,
+        "current": [p.host for p in plans if not p.pending and not p.unreadable],
+        "unreadable": {p.host: p.unreadable for p in plans if p.unreadable},
+        "nodes": {p.host: {"node": p.name, "reasons": p.reasons, "state": p.state,
+                           "evict": [x.ref for x in p.pods if x.action == "evict"],
+                           "leave": [x.ref for x in p.pods if x.action != "evict"],
+                           "blocked": p.blocked} for p in plans},
+        "lines": plan_lines(plans, serial),
+    }
+
+
+# -- drain --------------------------------------------------------------------------------------
+def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_delete: bool,
+          dry_run: bool, out: TextIO, clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> ExitCode:
+    pods = [pod_on_node(p) for p in api.list_pods(name)]
+    evict = [p for p in pods if p.action == "evict"]
+    if dry_run:
+        pdbs = api.list_pdbs()
+        out.write(f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)\n")
+        for pod in pods:
+            out.write(f"  {'evict' if pod.action == 'evict' else 'leave'} {pod.ref}"
+                      + "".join(f"; blocked now: {b}" for b in blocking(pod, pdbs)) + "\n")
+        return ExitCode.OK
+    write_state(api, name, prefix, DRAINING, f"evicting {len(evict)} pod(s)", cordon=True,
+                taint=True)
+    out.write(f"drain {name}: cordoned and tainted; evicting {len(evict)} pod(s)\n")
+    deadline = clock() + timeout_s
+    left = {p.uid: p for p in evict}
+    evicted: set[str] = set()
+    refused: dict[str, str] = {}  # uid -> the API server's last refusal
+    while True:
+        for uid, pod in left.items():
+            if uid in evicted:
+                continue  # going: its kubelet confirms the deletion
+            try:
+                api.evict(pod.namespace, pod.name)
+            except gate.TooManyRequests as exc:
+                if refused.get(uid) != str(exc):
+                    out.write(f"  refused {pod.ref}: {exc}\n")
+                refused[uid] = str(exc)
+                continue
+            evicted.add(uid)
+            refused.pop(uid, None)
+            out.write(f"  evicted {pod.ref}\n")
+        present = {(p.get("metadata") or {}).get("uid") for p in api.list_pods(name)}
+        left = {uid: p for uid, p in left.items() if uid in present}
+        if not left:
+            write_state(api, name, prefix, DRAINED, f"evicted {len(evict)} pod(s)")
+            out.write(f"drain {name}: done, {len(evict)} pod(s) evicted\n")
+            return ExitCode.OK
+        if clock() >= deadline:
+            break
+        sleep(RETRY_S)
+    still = ", ".join(f"{p.ref} ({refused.get(uid, 'evicted, not gone yet')})"
+                      for uid, p in left.items())
+    if force_delete:
+        for pod in left.values():
+            api.delete_pod(pod.namespace, pod.name)
+            out.write(f"  deleted {pod.ref} (gpuready_upgrade_force_delete)\n")
+        write_state(api, name, prefix, DRAINED,
+                    f"timed out after {timeout_s:g} s; deleted by force: {still}")
+        return ExitCode.OK
+    write_state(api, name, prefix, DRAIN_TIMEOUT,
+                f"timed out after {timeout_s:g} s; still on the node: {still}")
+    out.write(f"drain {name}: timed out after {timeout_s:g} s; left cordoned and tainted; "
+              f"still on the node: {still}\n")
+    return ExitCode.CHECK_FAILED
+
+
+# -- finish -------------------------------------------------------------------------------------
+def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO) -> ExitCode:
+    node = api.get_node(name)
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    ours = [t for t in (node.get("spec") or {}).get("taints") or []
+            if t.get("key") == taint_key(prefix)]
+    verdict = labels.get(f"{prefix}/validation", "none")
+    if verdict != "passed" or ours:
+        why = (f"the gate did not admit it (validation {verdict}"
+               + (f", taint {ours[0].get('value')}" if ours else "") + ")")
+        write_state(api, name, prefix, FAILED, why)
+        out.write(f"upgrade {name}: {why}; left cordoned\n")
+        return ExitCode.CHECK_FAILED
+    write_state(api, name, prefix, DONE, "admitted by the gate", cordon=False)
+    out.write(f"upgrade {name}: admitted; uncordoned\n")
+    return ExitCode.OK
+
+
+# -- command line -------------------------------------------------------------------------------
+def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
+    up = sub.add_parser("upgrade", help="the Kubernetes side of a rolling upgrade: plan, drain, "
+                                        "mark, finish (playbooks/upgrade.yml)")
+    verbs = up.add_subparsers(dest="upgrade_cmd", required=True)
+    made = [up]
+    for verb, text in (("plan", "which nodes differ from their pins, in batches, with the "
+                                "pods each drain would evict; writes nothing"),
+                       ("drain", "record the state, cordon, taint and evict the node's pods"),
+                       ("mark", "record a node's upgrade state"),
+                       ("finish", "uncordon a node the gate admitted; record done")):
+        p = verbs.add_parser(verb, help=text)
+        p.add_argument("-i", "--inventory", required=True, type=argtypes.path)
+        p.add_argument("--kubeconfig", type=argtypes.path,
+                       help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
+        p.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
+        if verb == "plan":
+            p.add_argument("-l", "--limit", help="Ansible host pattern")
+            p.add_argument("--serial", type=serial_arg, default="1",
+                           help="nodes per batch: a count or a percentage (default 1)")
+            p.add_argument("--format", choices=("text", "json"), default="text")
+            p.add_argument("--timeout", type=argtypes.seconds(argtypes.MAX_COMMAND_TIMEOUT_S),
+                           default=60.0, help="per-probe timeout in seconds")
+            p.add_argument("--concurrency", type=argtypes.count(1, argtypes.MAX_CONCURRENCY),
+                           default=16)
+            p.add_argument("--accept-unknown-host-keys", action="store_true",
+                           help="trust host keys missing from known_hosts (never a changed key)")
+        else:
+            p.add_argument("--node", required=True, help="the inventory host")
+        if verb == "drain":
+            p.add_argument("--timeout", type=argtypes.seconds(MAX_DRAIN_TIMEOUT_S),
+                           default=DEFAULT_DRAIN_TIMEOUT_S,
+                           help="seconds to keep asking refused evictions (default %(default)g)")
+            p.add_argument("--force-delete", action="store_true",
+                           help="delete the pods still there at the timeout (PDBs or not)")
+            p.add_argument("--dry-run", action="store_true", help="say what, change nothing")
+        if verb == "mark":
+            p.add_argument("--state", required=True, choices=MARKABLE)
+            p.add_argument("--detail", default="")
+        made.append(p)
+    return made
+
+
+def cmd_upgrade(args: argparse.Namespace, stdout: TextIO, stderr: TextIO,
+                api_factory: Callable[[Path | None], UpgradeApi] = UpgradeApi) -> ExitCode:
+    try:
+        return _cmd(args, stdout, api_factory)
+    except gate.ApiUnavailable as exc:
+        stderr.write(f"error: {exc}\n")
+        return ExitCode.UNREACHABLE
+    except gate.GateError as exc:
+        stderr.write(f"error: {exc}\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
+
+
+def _cmd(args: argparse.Namespace, stdout: TextIO,
+         api_factory: Callable[[Path | None], UpgradeApi]) -> ExitCode:
+    limit = getattr(args, "limit", None) if args.upgrade_cmd == "plan" else args.node
+    nodes = load(args.inventory, limit)
+    if args.upgrade_cmd != "plan":
+        nodes = tuple(n for n in nodes if n.name == args.node)
+    if not nodes:
+        raise UpgradeError(f"no GPU node in {args.inventory} matches "
+                           f"{limit!r}")
+    setup = gate.setup_for(nodes, kubeconfig=args.kubeconfig, prefix=args.prefix)
+    api = api_factory(setup.kubeconfig)
+    if args.upgrade_cmd == "plan":
+        plans = plan(nodes, api, setup.prefix, timeout_s=args.timeout,
+                     concurrency=args.concurrency,
+                     accept_unknown_host_keys=args.accept_unknown_host_keys)
+        if args.format == "json":
+            stdout.write(json.dumps(plan_json(plans, args.serial), indent=1) + "\n")
+        else:
+            stdout.write("\n".join(plan_lines(plans, args.serial)) + "\n")
+        return ExitCode.OK
+    name = k8s_name(nodes[0])
+    if args.upgrade_cmd == "drain":
+        return drain(api, name, setup.prefix, timeout_s=args.timeout,
+                     force_delete=args.force_delete, dry_run=args.dry_run, out=stdout)
+    if args.upgrade_cmd == "mark":
+        write_state(api, name, setup.prefix, args.state, args.detail,
+                    taint=True if args.state != FAILED else None)
+        stdout.write(f"upgrade {name}: {args.state}\n")
+        return ExitCode.OK
+    return finish(api, name, setup.prefix, stdout)
