@@ -60,7 +60,6 @@ STATE = "upgrade-state"
 DETAIL = "upgrade-detail"
 DRAINING, DRAINED, DRAIN_TIMEOUT = "draining", "drained", "drain-timeout"
 UPGRADING, VALIDATING, FAILED, DONE = "upgrading", "validating", "failed", "done"
-STATES = (DRAINING, DRAINED, DRAIN_TIMEOUT, UPGRADING, VALIDATING, FAILED, DONE)
 MARKABLE = (UPGRADING, VALIDATING, FAILED)
 TAINT_UPGRADING = "upgrading"
 TAINT_EFFECT = "NoSchedule"
@@ -263,11 +262,23 @@ def read_versions(node: Node, timeout_s: float, accept_unknown_host_keys: bool
         return [], f"the versions probe failed: {type(exc).__name__}: {exc}"
     finally:
         transport.close()
+    return versions_from(node, seen)
+
+
+def versions_from(node: Node, seen: probes.NodeProbe) -> tuple[list[str], str]:
+    """(what differs from the pins, why the node could not be read) from drift's probes. A node
+    that pins a driver but whose driver version could be read neither from the library nor from
+    the loaded module is unreadable, never "at the pins"."""
     if seen.unreachable:
         return [], seen.unreachable
     versions = [f for f in seen.findings if f.layer is Layer.VERSIONS]
     errors = [f"{f.item}: {f.detail or f.actual}" for f in versions
               if f.status is not FindingStatus.DRIFT]
+    if (node.desired.pins.driver_version and not seen.driver_library
+            and not seen.driver_module):
+        errors.append("driver: neither the library (the package owning nvidia-smi) nor the "
+                      "loaded module's version could be read"
+                      + (f" ({seen.smi_problem})" if seen.smi_problem else ""))
     if errors:
         return [], "; ".join(errors)
     return [f"{f.item} {f.actual} -> {f.declared}" for f in versions], ""
@@ -352,6 +363,7 @@ def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
         "current": [p.host for p in plans if not p.pending and not p.unreadable],
         "unreadable": {p.host: p.unreadable for p in plans if p.unreadable},
         "nodes": {p.host: {"node": p.name, "reasons": p.reasons, "state": p.state,
+                           "detail": p.detail,
                            "evict": [x.ref for x in p.pods if x.action == "evict"],
                            "leave": [x.ref for x in p.pods if x.action != "evict"],
                            "blocked": p.blocked} for p in plans},

@@ -21,6 +21,8 @@ import pytest
 
 from tests.kube_helpers import LocalApiServer, core_api, running_apiserver
 from tests.unit.validate.gate_runs import write_inventory
+from tests.unit.validate.test_checks_runner import _node, _out
+from tests.unit.validate.test_drift_probes import _probe
 from validate import cli, upgrade
 from validate.model import ExitCode
 
@@ -242,3 +244,26 @@ def test_selectors_as_the_api_server_matches_them() -> None:
              ({"key": "zone", "operator": "DoesNotExist"}, True)]
     for expr, expected in exprs:
         assert upgrade.selector_matches({"matchExpressions": [expr]}, labels) is expected
+
+
+def test_the_plan_reads_driver_versions_from_real_captures(fixtures_dir: Path) -> None:
+    """drift's probes on real captures (nvidia-smi -q -x of driver 535.54.03, dpkg-query of a
+    node with nvidia-utils-550 550.90.07): a pin of 535.54.03 finds the library off it."""
+    node = _node(nvidia_driver_version="535.54.03")
+    reasons, unreadable = upgrade.versions_from(node, _probe(fixtures_dir))
+    assert unreadable == ""
+    assert "driver library 550.90.07 -> 535.54.03" in reasons
+
+
+def test_a_node_whose_driver_cannot_be_read_is_unreadable_not_at_the_pins(
+        fixtures_dir: Path) -> None:
+    """No package owns nvidia-smi, no module version, nvidia-smi not found: no driver finding
+    at all, which must not read as "at the pins"."""
+    seen = _probe(fixtures_dir, over={
+        ("dpkg-query", "--search"): _out("dpkg-query: no path found matching pattern\n", rc=1),
+        ("cat", "/sys/module/nvidia/version"): _out("", rc=1),
+        ("nvidia-smi", "-q", "-x"): _out("sh: 1: nvidia-smi: not found\n", rc=127)})
+    node = _node(nvidia_driver_version="535.54.03")
+    reasons, unreadable = upgrade.versions_from(node, seen)
+    assert reasons == []
+    assert "neither the library" in unreadable and "nvidia-smi exited 127" in unreadable
