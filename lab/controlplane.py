@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lab.fleet import CONTROL_PLANE, REAL, LabHost
 from lab.hosts import leader_pid
-from lab.kube import build, cluster, node
+from lab.kube import build, cluster, images, node
 from lab.paths import LabPaths
 
 API_PORT = cluster.API_PORT
@@ -52,12 +52,16 @@ def _real(hosts: list[LabHost] | tuple[LabHost, ...]) -> LabHost | None:
     return cp if cp is not None and cp.kubernetes == REAL else None
 
 
-def nspawn_args(host: LabHost) -> tuple[str, ...]:
+def nspawn_args(paths: LabPaths, host: LabHost) -> tuple[str, ...]:
     """What a host of a real-Kubernetes fleet needs of systemd-nspawn: the built binaries
-    (read-only; the control plane runs them, nodes install them)."""
-    if host.kubernetes == REAL:
-        return tuple(cluster.nspawn_args(build.ensure_built()))
-    return ()
+    (read-only; the control plane runs them, nodes install them), and on a kubelet host what
+    its containers need (lab.kube.node.nspawn_args)."""
+    if host.kubernetes != REAL:
+        return ()
+    args = cluster.nspawn_args(build.ensure_built())
+    if host.kind != CONTROL_PLANE:
+        args += node.nspawn_args(paths.host_dir(host.name))
+    return tuple(args)
 
 
 def provision(paths: LabPaths, hosts: list[LabHost]) -> None:
@@ -71,6 +75,7 @@ def provision(paths: LabPaths, hosts: list[LabHost]) -> None:
     for host in hosts:
         if host.kind != CONTROL_PLANE:
             node.provision(paths.host_dir(host.name) / "merged", host.address)
+            images.provision(paths, paths.host_dir(host.name) / "merged")
 
 
 def boot(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...],

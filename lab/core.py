@@ -150,7 +150,8 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
             state = replace(state, repo_pid=repo.start_server(paths, repo_port))
             save_state(paths, state)
             known = [hosts_mod.prepare(paths, h, cached[h.os], pubkey,
-                                       nspawn_args=controlplane.nspawn_args(h)) for h in hosts]
+                                       nspawn_args=controlplane.nspawn_args(paths, h))
+                     for h in hosts]
             paths.known_hosts.write_text("".join(known))
             controlplane.provision(paths, hosts)
             for h in hosts:

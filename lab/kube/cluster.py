@@ -20,8 +20,10 @@ and linked where packages would put them. Once it has booted, ``init`` runs kube
 Skipped: ``preflight`` (it checks for a kubelet and a container runtime the control plane host
 does not run), ``kubelet-start``/``wait-control-plane``/``kubelet-finalize`` (no kubelet),
 ``mark-control-plane`` (it labels the host's Node, which does not exist without a kubelet),
-``addon`` (CoreDNS and kube-proxy need images). kube-scheduler is not run (no Pod is scheduled
-in the lab).
+``addon`` (CoreDNS and kube-proxy need images). kube-scheduler is not run: the lab's Pods are
+bound to their node by ``spec.nodeName`` (lab.kube.node, lab.kube.images). The controller
+manager runs kubeadm's ``--controllers=*,bootstrapsigner,tokencleaner``: the disruption
+controller among them keeps PodDisruptionBudgets' status, which the API server's eviction reads.
 
 Every lab host shares this machine's network namespace, so everything listens on the control
 plane host's own loopback address, never on 127.0.0.1 or all addresses (kubeadm's defaults for

@@ -22,13 +22,39 @@ at every boot, before containerd and the kubelet, and gives the host:
   /proc/sys/kernel/panic_on_oops: read-only file system, ...]``), so the host is shown a file
   with the value a node would have over each: SIMULATED, and only what the kubelet reads.
 
+What a Pod's containers need, so that Pods bound to a lab node (``spec.nodeName``: no
+scheduler runs) really run under the kubelet and containerd the roles install:
+
+- containerd's state (``/var/lib/containerd``) bound from ``<host dir>/containerd`` on this
+  machine's own filesystem (``nspawn_args``): the host's root is an overlay, which the kernel
+  refuses as the upper layer of containerd's overlayfs snapshots ("overlay: filesystem on
+  /var/lib/containerd/.../work not supported as upperdir"). It goes with the host's directory.
+- runc's keyring calls (add_key, keyctl, request_key) allowed through nspawn's seccomp filter:
+  runc gives each container a session keyring ("unable to join session keyring: unable to
+  create session key: operation not permitted").
+- a runc wrapper first on containerd's PATH (``lab/kube/runc_wrapper.py``, a containerd.service
+  drop-in) that raises an OOM score adjustment below the host's own (the kubelet asks -998 for
+  every sandbox) to it: lowering one needs CAP_SYS_RESOURCE, which neither nspawn gives a host
+  nor this machine has ("nsexec: failed to update /proc/self/oom_score_adj: Permission
+  denied"). Everything else is Debian's runc, unchanged.
+- an image: no registry can be reached, so lab/kube/images.py builds one on this machine from
+  Debian's busybox-static and a unit imports it into containerd whenever containerd starts, as
+  ``gpuready.lab/sleep:1`` and as containerd's sandbox image. A real image, built locally; no
+  registry image is used.
+
+Pods must use ``hostNetwork: true``. A Pod network namespace needs CAP_NET_ADMIN on this
+machine's network namespace, which the hosts share and which the lab does not give them (it
+would let a host change the machine's network): the CNI bridge's loopback plugin fails
+("plugin type="loopback" failed (add): operation not permitted"), the sandbox is never made,
+and the Pod cannot even be torn down cleanly (its deletion must be forced).
+
 Two more things a cluster's add-ons would give a node, which the lab puts in the host itself:
 
 - a CNI configuration (``/etc/cni/net.d/10-gpuready-lab.conflist``), standing in for the
   cluster's network add-on: a bridge with host-local addresses from Debian's
   containernetworking-plugins (which the lab's kubernetes-cni package links into /opt/cni/bin).
   Without one containerd reports ``NetworkReady=false`` and the Node never turns Ready. Each
-  host gets its own pod subnet; no pod is scheduled in the lab, so no traffic crosses it.
+  host gets its own pod subnet; no Pod can use it (see above), so no traffic crosses it.
 - a SIMULATED GPU Feature Discovery (``gpuready-lab-gfd.service``, lab/sim/daemons.py): once the
   host has joined, it puts GFD's labels (from the host's simulated hardware) on its Node with the
   kubelet's credentials, as the GPU Operator's GFD pod would with its own.
@@ -147,6 +173,35 @@ def _enable(units: Path, name: str, target: str) -> None:
         link.symlink_to(f"/etc/systemd/system/{name}")
 
 
+CONTAINERD_STATE = "/var/lib/containerd"
+# runc gives each container a new session keyring (add_key, keyctl); nspawn's seccomp filter
+# refuses those calls to a host ("unable to join session keyring: unable to create session key:
+# operation not permitted"), so a kubelet host's filter allows them.
+KEYRING_SYSCALLS = ("add_key", "keyctl", "request_key")
+RUNC_DIR = "/usr/local/lib/gpuready-lab/runc"
+CONTAINERD_DROP_IN = "/etc/systemd/system/containerd.service.d/50-gpuready-lab-runc.conf"
+CONTAINERD_DROP_IN_TEXT = f"""\
+# gpuready lab (lab/kube/node.py): containerd's shims run the lab's runc wrapper
+# (lab/kube/runc_wrapper.py), which runs Debian's runc with no OOM score below the host's own.
+[Service]
+Environment=PATH={RUNC_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+"""
+
+
+def nspawn_args(host_dir: Path) -> list[str]:
+    """What a kubelet host's containers need of systemd-nspawn.
+
+    - containerd's state on this machine's own filesystem, where its overlayfs snapshotter can
+      mount (the host's root is an overlay, which the kernel refuses as an upper layer:
+      "overlay: filesystem on /var/lib/containerd/.../work not supported as upperdir");
+    - runc's keyring calls (KEYRING_SYSCALLS).
+    """
+    state = host_dir / "containerd"
+    state.mkdir(parents=True, exist_ok=True)
+    return [f"--bind={state}:{CONTAINERD_STATE}",
+            f"--system-call-filter={' '.join(KEYRING_SYSCALLS)}"]
+
+
 def provision(root: Path, address: str) -> None:
     """Install the units and the CNI configuration in a host's (not yet booted) overlay."""
     script_path = root / SCRIPT.lstrip("/")
@@ -161,6 +216,13 @@ def provision(root: Path, address: str) -> None:
     _enable(units, GFD_UNIT_NAME, "multi-user.target")
     (units / DEVICE_PLUGIN_UNIT_NAME).write_text(DEVICE_PLUGIN_UNIT)
     _enable(units, DEVICE_PLUGIN_UNIT_NAME, "multi-user.target")
+    wrapper = root / RUNC_DIR.lstrip("/") / "runc"
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    wrapper.write_bytes((Path(__file__).parent / "runc_wrapper.py").read_bytes())
+    wrapper.chmod(0o755)
+    drop_in = root / CONTAINERD_DROP_IN.lstrip("/")
+    drop_in.parent.mkdir(parents=True, exist_ok=True)
+    drop_in.write_text(CONTAINERD_DROP_IN_TEXT)
     cni = root / CNI_CONFIG.lstrip("/")
     cni.parent.mkdir(parents=True, exist_ok=True)
     cni.write_text(cni_config(address))

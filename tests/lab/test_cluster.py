@@ -50,7 +50,10 @@ import yaml
 
 from lab import controlplane, core, hosts
 from lab.core import LabState
+from lab.kube import images
+from lab.kube.cluster import ca_file
 from lab.paths import REPO_ROOT, LabPaths
+from tests.lab import kube_pods
 from tests.lab.conftest import lab_cli, running_lab, ssh
 from tests.unit.validate.test_cluster_apply import install_crds
 from validate import cli
@@ -519,6 +522,32 @@ def test_the_device_plugin_puts_each_node_s_gpus_into_its_capacity(
         _wait_gpus(cluster, "node1", capacity=gpus["node1"], allocatable=gpus["node1"] - 1)
     finally:
         core.set_faults(cluster.paths, "node1", add=[], remove=["xid-48"], clear=False)
+
+
+def test_a_pod_runs_ready_on_each_node_the_roles_made(cluster: Cluster,
+                                                     first_site: PlaybookRun,
+                                                     tmp_path: Path) -> None:
+    """Pods run under what the roles installed: their containerd (config.toml with its drop-in
+    directory, the container toolkit's CRI runtimes) and kubelet, with the lab's locally built
+    image (lab/kube/images.py, imported whenever containerd starts; no registry). node2 was
+    kept out by the gate (tainted NoSchedule), which a Pod bound by spec.nodeName passes; one
+    eviction of an unbudgeted Pod goes through the real API server."""
+    del first_site
+    archive = images.ensure_archive(cluster.paths)
+    started = time.monotonic()
+    pods = {name: f"sleep-{name}" for name in ("node1", "node2")}
+    try:
+        for name, pod in pods.items():
+            assert images.load(cluster.paths, name)[0] == images.IMAGE
+            kube_pods.apply(cluster.kubeconfig, kube_pods.sleep_pod(pod, name))
+        for pod in pods.values():
+            kube_pods.wait_ready(cluster.kubeconfig, pod, archive.image_id)
+        cluster.log.append(f"{len(pods)} Pods Ready: {time.monotonic() - started:.0f} s")
+        code, body = kube_pods.evict(cluster.kubeconfig, ca_file(cluster.paths),
+                                     tmp_path, pods["node2"])
+        assert code == 201, body
+    finally:
+        cluster.kubectl("delete", "pod", *pods.values(), "--ignore-not-found", "--wait=false")
 
 
 def _files(root: Path) -> Iterator[Path]:

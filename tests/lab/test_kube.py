@@ -1,6 +1,8 @@
 """Real Kubernetes in the lab (issue 29, phase A): the control plane built from source and set
 up by the real kubeadm in cp1, and the real `kubeadm join` of a real kubelet on a Debian 12 and
-a Debian 13 host, with the containerd Debian ships on each.
+a Debian 13 host, with the containerd Debian ships on each; Pods bound to those nodes run the
+lab's locally built image (lab/kube/images.py, no registry), turn Ready, and the real API
+server's eviction honours a PodDisruptionBudget over them (issue 33).
 
 The nodes are made by hand here (Debian's containerd and CNI plugins from apt, the built
 kubelet and kubeadm with the pkgs.k8s.io packages' unit and drop-in), standing in for the roles
@@ -30,8 +32,9 @@ from cryptography.hazmat.primitives import serialization
 from lab import controlplane, core, hosts, supervisor
 from lab.core import LabState
 from lab.fleet import LabHost
-from lab.kube import build, cluster
+from lab.kube import build, cluster, images
 from lab.paths import REPO_ROOT, LabPaths
+from tests.lab import kube_pods
 from tests.lab.conftest import assert_host_cgroups, lab_cli, running_lab
 
 PACKAGING = REPO_ROOT / "tests/fixtures/kube-packaging"
@@ -274,6 +277,71 @@ def test_the_device_plugin_registers_with_the_real_kubelet_on_both_releases(
                                     "gpuready-lab-device-plugin.service"]).stdout
         assert "SIMULATED" in journal
         assert "Registered device plugin for 'nvidia.com/gpu' with Kubelet" in journal
+
+
+def test_pods_run_ready_and_a_pdb_lets_the_real_api_server_evict_one_at_a_time(
+        nodes: LabState, tmp_path: Path) -> None:
+    """Issue 33's ground: on each joined node the lab's image (Debian's busybox-static, built on
+    this machine, imported as the Pod image and as containerd's sandbox image: no registry) runs
+    a Pod that turns Ready through its readiness probe; the real kube-controller-manager's
+    disruption controller gives a PodDisruptionBudget with minAvailable N-1 over the N Pods
+    one allowed disruption; the real API server accepts one eviction and refuses the next with
+    429 while the first Pod is gone and nothing replaces it."""
+    paths = LabPaths.default()
+    admin = controlplane.admin_kubeconfig(paths)
+    archive = images.ensure_archive(paths)
+    names = sorted(h.name for h in nodes.hosts if h.kind != "control-plane")
+    sandboxes = {}
+    for name in names:
+        started = time.monotonic()
+        loaded = images.load(paths, name)
+        print(f"{name}: {loaded} imported in {time.monotonic() - started:.1f} s")
+        assert loaded[0] == images.IMAGE
+        sandboxes[name] = loaded[1]
+    # containerd 1.6 (Debian 12) and 1.7 (Debian 13) name different pause images.
+    assert sandboxes == {"node1": "registry.k8s.io/pause:3.6",
+                         "node2": "registry.k8s.io/pause:3.8"}
+    pods = {name: f"sleep-{name}" for name in names}
+    started = time.monotonic()
+    try:
+        for node, pod in pods.items():
+            kube_pods.apply(admin, kube_pods.sleep_pod(pod, node))
+        for pod in pods.values():
+            kube_pods.wait_ready(admin, pod, archive.image_id)
+        print(f"{len(pods)} Pods Ready in {time.monotonic() - started:.1f} s")
+
+        kube_pods.apply(admin, {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "gpuready-sleep", "namespace": "default"},
+            "spec": {"minAvailable": len(pods) - 1,
+                     "selector": {"matchLabels": kube_pods.LABEL}}})
+
+        def budget() -> dict[str, Any] | None:
+            proc = kubectl(paths, "get", "pdb", "gpuready-sleep", "-o", "json")
+            status: dict[str, Any] = json.loads(proc.stdout).get("status", {})
+            return status if status.get("currentHealthy") == len(pods) else None
+
+        status = kube_pods.wait_for("PDB status from the disruption controller", budget)
+        assert status["disruptionsAllowed"] == 1, status
+        assert status["desiredHealthy"] == len(pods) - 1, status
+
+        first, second = pods[names[0]], pods[names[1]]
+        code, body = kube_pods.evict(admin, cluster.ca_file(paths), tmp_path, first)
+        assert code == 201, body
+        kube_pods.wait_for(f"{first} gone",
+                           lambda: "NotFound" in kubectl(paths, "get", "pod", first).stderr,
+                           timeout=60)
+        code, body = kube_pods.evict(admin, cluster.ca_file(paths), tmp_path, second)
+        assert code == 429, body
+        assert body["reason"] == "TooManyRequests", body
+        assert "disruption budget" in body["message"], body
+        assert kube_pods.ready_pod(admin, second) is not None  # refused: still there, Ready
+        left = json.loads(kubectl(paths, "get", "pods", "-l", "app=gpuready-sleep", "-o",
+                                  "json").stdout)["items"]
+        assert [p["metadata"]["name"] for p in left] == [second]  # nothing replaced the first
+    finally:
+        kubectl(paths, "delete", "pdb", "gpuready-sleep", "--ignore-not-found")
+        kubectl(paths, "delete", "pod", *pods.values(), "--ignore-not-found", "--wait=false")
 
 
 def test_down_stops_the_cluster_and_leaves_nothing(nodes: LabState) -> None:
