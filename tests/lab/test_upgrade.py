@@ -1,0 +1,210 @@
+"""Rolling upgrades on the lab (issue 33): playbooks/upgrade.yml moves a pool of four GPU hosts
+(lab/fleets/upgrade.yml) from driver 550.90.07 to 550.90.12 against the lab's real control plane
+(kube-apiserver, kube-controller-manager, real kubelets joined by the real kubeadm). The driver
+packages are the lab repository's SIMULATED ones; the upgrade, the reboot it needs (the lab's
+simulated kernel keeps the old module loaded until one), the drain, the validation and the gate
+are the real code paths. One lab serves the module; the tests run in file order on it:
+
+- site.yml admits the four nodes at the old pin; the pin changes in the inventory;
+- the dry run (--check) lists the batches and the drains and changes nothing;
+- a roll, one node at a time, with a fault (an uncorrectable ECC error) put into node3 while
+  it is being upgraded: node1 and node2 are upgraded, rebooted, validated and admitted; node3
+  fails validation and stays cordoned and tainted with its code; the roll stops there (budget
+  0) and node4 keeps the old pin, never drained;
+- with node3 repaired, a roll interrupted after node4's drain leaves node4 cordoned with its
+  state on the Node; the next roll skips the nodes already at the pin (nothing drained or
+  patched there) and takes node3 and node4 through;
+- a last roll has nothing to do: it changes nothing and drains nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from lab import core
+from lab.paths import LabPaths
+from tests.lab.cluster_helpers import PREFIX, TAINT_KEY, Cluster, PlaybookRun
+from tests.lab.conftest import print_past_capture, running_lab, ssh
+
+OLD, NEW = "550.90.07", "550.90.12"  # both in the lab's Debian 12 CUDA repository
+NODES = ("node1", "node2", "node3", "node4")
+STATE, DETAIL = f"{PREFIX}/upgrade-state", f"{PREFIX}/upgrade-detail"
+UPGRADING_TASK = "Record that the node is being upgraded"
+DRAIN_TASK = "Drain the node (cordon, taint, evict through the Eviction API)"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    started = time.monotonic()
+    paths = LabPaths.default()
+    with running_lab(fleet="upgrade") as state:
+        cluster = Cluster(state, paths, tmp_path_factory.mktemp("upgrade"),
+                          tmp_path_factory.mktemp("vault"))
+        site = cluster.playbook("site.yml", label="site.yml")
+        assert site.rc == 0, {h: site.failures(h) for h in (*NODES, "localhost")}
+        yield cluster
+    print_past_capture(request, f"test_upgrade: {time.monotonic() - started:.0f} s in all "
+                                f"({'; '.join(cluster.log)})")
+
+
+def set_pin(cluster: Cluster, version: str) -> None:
+    """Change the driver pin in the inventory, as an SRE does before a roll (the lab's
+    generated hosts.yml: host variables beat the pool's group_vars)."""
+    path = cluster.paths.inventory_dir / "hosts.yml"
+    doc = yaml.safe_load(path.read_text())
+    for host in doc["all"]["children"]["gpu_nodes"]["children"]["pool_h100_sxm"]["hosts"]:
+        doc["all"]["children"]["gpu_nodes"]["children"]["pool_h100_sxm"]["hosts"][host][
+            "nvidia_driver_version"] = version
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def driver(cluster: Cluster, host: str) -> str:
+    """The user-space driver the host runs (nvidia-smi's library) and the loaded module."""
+    proc = ssh(cluster.state.host(host).address,
+               "nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1; "
+               "cat /run/gpuready-lab/nvidia-module-version")
+    assert proc.returncode == 0, proc.stderr
+    library, module = proc.stdout.split()
+    assert library == module, proc.stdout  # rebooted where needed: no mismatch
+    return library
+
+
+def boots(cluster: Cluster, host: str) -> int:
+    return int((cluster.paths.host_dir(host) / "boots").read_text())
+
+
+def nodes(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    return {n: cluster.node(n) for n in NODES}
+
+
+def view(node: dict[str, Any]) -> tuple[Any, ...]:
+    """What a roll may change on a Node: labels, annotations, taints, cordon."""
+    meta, spec = node["metadata"], node["spec"]
+    return (meta.get("labels"), meta.get("annotations"), spec.get("taints"),
+            spec.get("unschedulable"))
+
+
+def admitted(node: dict[str, Any]) -> bool:
+    return (node["metadata"]["labels"].get(f"{PREFIX}/validation") == "passed"
+            and TAINT_KEY not in [t["key"] for t in node["spec"].get("taints", [])]
+            and not node["spec"].get("unschedulable"))
+
+
+def order(run: PlaybookRun, task: str) -> list[str]:
+    return [e["event_data"]["host"] for e in run.events
+            if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == task]
+
+
+def plan_lines(run: PlaybookRun) -> list[str]:
+    return run.debug_lines("Show the plan")
+
+
+def test_the_dry_run_lists_batches_and_drains_and_changes_nothing(lab: Cluster) -> None:
+    assert all(admitted(n) for n in nodes(lab).values())
+    assert {driver(lab, h) for h in NODES} == {OLD}
+    set_pin(lab, NEW)
+    before, patches, boots0 = nodes(lab), lab.admin_patches(), {h: boots(lab, h) for h in NODES}
+    run = lab.playbook("upgrade.yml", cmdline="--check", label="upgrade.yml --check")
+    assert run.rc == 0, {h: run.failures(h) for h in NODES}
+    lines = plan_lines(run)
+    assert lines[0] == ("upgrade plan: 4 of 4 node(s) to upgrade in 4 batch(es) (serial 1); "
+                        "0 at the pins; 0 unreadable"), lines
+    assert f"  node1: driver library {OLD} -> {NEW}" in lines
+    assert [line for line in lines if line.startswith("batch")] == [
+        "batch 1: node1", "batch 2: node2", "batch 3: node3", "batch 4: node4"]
+    assert order(run, DRAIN_TASK) == list(NODES)
+    for host in NODES:
+        assert run.count("changed", host) == 0, (host, run.changed_tasks(host))
+    assert lab.admin_patches() == patches
+    assert {h: view(n) for h, n in nodes(lab).items()} == {h: view(n) for h, n in before.items()}
+    assert {driver(lab, h) for h in NODES} == {OLD}
+    assert {h: boots(lab, h) for h in NODES} == boots0
+
+
+def test_a_fault_during_the_roll_keeps_the_node_out_and_stops_the_roll(lab: Cluster) -> None:
+    boots0 = {h: boots(lab, h) for h in NODES}
+
+    def fault_node3(event: dict[str, Any]) -> bool:
+        data = event.get("event_data") or {}
+        if (event.get("event") == "runner_on_ok" and data.get("host") == "node3"
+                and data.get("task") == UPGRADING_TASK):
+            core.set_faults(lab.paths, "node3", add=["ecc-uncorrectable"], remove=[],
+                            clear=False)
+        return True
+
+    run = lab.playbook("upgrade.yml", label="roll (node3 faulted)", event_handler=fault_node3)
+    assert run.rc != 0
+    assert order(run, DRAIN_TASK) == ["node1", "node2", "node3"]  # one at a time, then stop
+    after = nodes(lab)
+    for host in ("node1", "node2"):
+        assert run.failures(host) == [], host
+        assert admitted(after[host]), view(after[host])
+        assert after[host]["metadata"]["annotations"][STATE] == "done"
+        assert driver(lab, host) == NEW
+        assert boots(lab, host) == boots0[host] + 1  # the new module needs the reboot
+    node3 = after["node3"]
+    assert run.failures("node3"), "node3 fails the roll"
+    assert node3["spec"]["unschedulable"] is True
+    assert [(t["key"], t["value"]) for t in node3["spec"]["taints"]
+            if t["key"] == TAINT_KEY] == [(TAINT_KEY, "failed")]
+    assert "gpu.ecc.uncorrectable" in node3["metadata"]["annotations"][
+        f"{PREFIX}/failed-checks"]
+    assert node3["metadata"]["annotations"][STATE] == "failed"
+    assert "the gate did not admit it" in node3["metadata"]["annotations"][DETAIL]
+    assert driver(lab, "node3") == NEW  # upgraded; it is the GPU that failed
+    node4 = after["node4"]
+    assert STATE not in node4["metadata"].get("annotations", {})
+    assert admitted(node4)
+    assert driver(lab, "node4") == OLD and boots(lab, "node4") == boots0["node4"]
+
+
+def test_an_interrupted_roll_resumes_and_skips_the_nodes_at_the_pin(lab: Cluster) -> None:
+    core.set_faults(lab.paths, "node3", add=[], remove=["ecc-uncorrectable"], clear=False)
+    drained: list[str] = []
+
+    def watch(event: dict[str, Any]) -> bool:
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_ok" and data.get("task") == DRAIN_TASK:
+            drained.append(str(data.get("host")))
+        return True
+
+    run = lab.playbook("upgrade.yml", label="roll (interrupted after node4's drain)",
+                       event_handler=watch, cancel_callback=lambda: "node4" in drained)
+    assert run.rc != 0
+    lines = plan_lines(run)
+    assert lines[0].startswith("upgrade plan: 2 of 4 node(s) to upgrade"), lines
+    assert "  node3: its last roll stopped at failed" in lines
+    assert "node1: at the pins, not drained" in lines
+    node4 = lab.node("node4")
+    assert node4["spec"]["unschedulable"] is True
+    assert node4["metadata"]["annotations"][STATE] in ("drained", "upgrading")
+    assert admitted(lab.node("node3"))
+    # The next roll picks node4 up where it stopped; node1-3 are not drained or patched.
+    before = nodes(lab)
+    run = lab.playbook("upgrade.yml", label="roll (resumed)")
+    assert run.rc == 0, {h: run.failures(h) for h in NODES}
+    assert order(run, DRAIN_TASK) == ["node4"]
+    after = nodes(lab)
+    for host in ("node1", "node2", "node3"):
+        assert view(after[host]) == view(before[host]), host
+    assert admitted(after["node4"]) and after["node4"]["metadata"]["annotations"][STATE] == "done"
+    assert {driver(lab, h) for h in NODES} == {NEW}
+
+
+def test_a_roll_with_nothing_to_do_changes_nothing(lab: Cluster) -> None:
+    before, patches = nodes(lab), lab.admin_patches()
+    run = lab.playbook("upgrade.yml", label="roll (nothing to do)")
+    assert run.rc == 0
+    assert plan_lines(run)[0] == ("upgrade plan: 0 of 4 node(s) to upgrade in 0 batch(es) "
+                                  "(serial 1); 4 at the pins; 0 unreadable")
+    assert order(run, DRAIN_TASK) == []
+    assert all(run.count("changed", h) == 0 for h in NODES)
+    assert lab.admin_patches() == patches
+    assert {h: view(n) for h, n in nodes(lab).items()} == {h: view(n) for h, n in before.items()}
+    assert all(admitted(n) for n in nodes(lab).values())
