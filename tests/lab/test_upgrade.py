@@ -115,7 +115,7 @@ def test_the_dry_run_lists_batches_and_drains_and_changes_nothing(lab: Cluster) 
     lines = plan_lines(run)
     assert lines[0] == ("upgrade plan: 4 of 4 node(s) to upgrade in 4 batch(es) (serial 1); "
                         "0 at the pins; 0 unreadable"), lines
-    assert f"  node1: driver library {OLD} -> {NEW}" in lines
+    assert f"  node1: driver library {OLD} -> {NEW}; driver module {OLD} -> {NEW}" in lines
     assert [line for line in lines if line.startswith("batch")] == [
         "batch 1: node1", "batch 2: node2", "batch 3: node3", "batch 4: node4"]
     assert order(run, DRAIN_TASK) == list(NODES)
