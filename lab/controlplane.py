@@ -1,11 +1,11 @@
 """The lab's Kubernetes control plane: control-plane hosts (inventory group
 ``kube_control_plane``) and the API server that answers on the first one's address.
 
-A fleet with control-plane hosts runs real Kubernetes there: etcd, kube-apiserver and
-kube-controller-manager built from Kubernetes' sources (lab.kube.build), set up by the real
-kubeadm in the booted host (lab.kube.cluster), on the host's own address, port 6443. Its GPU
-hosts get what a real kubelet needs of an nspawn host (lab.kube.node). The admin kubeconfig
-for this machine is ``.lab/run/kube/admin.conf``; the cluster's state lives in the
+A fleet with control-plane hosts runs real Kubernetes there: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler built from Kubernetes' sources (lab.kube.build), set
+up by the real kubeadm in the booted host (lab.kube.cluster), on the host's own address, port 6443.
+Its GPU hosts get what a real kubelet needs of an nspawn host (lab.kube.node). The admin
+kubeconfig for this machine is ``.lab/run/kube/admin.conf``; the cluster's state lives in the
 control-plane host and goes with ``lab down``.
 """
 

@@ -10,11 +10,11 @@ Schema (``lab/fleets/<name>.yml``)::
     control_plane:              # optional: Kubernetes control-plane hosts (no GPUs), group
       - {name: cp1}             # kube_control_plane; real Kubernetes answers on the first
 
-A fleet with a control plane runs real Kubernetes: etcd, kube-apiserver and
-kube-controller-manager built from source and set up by the real kubeadm on the first
-control-plane host (lab.controlplane, lab.kube.cluster), and GPU hosts that can run a real
-kubelet (lab.kube.node). There is no other kind: ``kubernetes: real``, which fleets once had to
-say, is still accepted; anything else is an error.
+A fleet with a control plane runs real Kubernetes: etcd, kube-apiserver, kube-controller-manager
+and kube-scheduler built from source and set up by the real kubeadm on the first control-plane
+host (lab.controlplane, lab.kube.cluster), and GPU hosts that can run a real kubelet
+(lab.kube.node). There is no other kind: ``kubernetes: real``, which fleets once had to say, is
+still accepted; anything else is an error.
 
 ``os`` (per pool, or per host overriding its pool's) is one of ``lab.rootfs.OSES``; default
 debian-12 (control-plane hosts too). Each OS boots from its own cached rootfs.

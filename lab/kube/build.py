@@ -64,6 +64,7 @@ class Binary:
 BINARIES = (
     Binary("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
     Binary("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
+    Binary("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
     Binary("kubelet", "k8s.io/kubernetes/cmd/kubelet", cgo=True),
     Binary("kubeadm", "k8s.io/kubernetes/cmd/kubeadm"),
     Binary("kubectl", "k8s.io/kubernetes/cmd/kubectl"),

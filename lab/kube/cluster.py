@@ -5,9 +5,9 @@ gets the built binaries (lab.kube.build) bind-mounted read-only at ``/opt/gpurea
 and linked where packages would put them. Once it has booted, ``init`` runs kubeadm's own
 ``init`` phases in it, as ``kubeadm init`` would, minus what needs a kubelet or images:
 
-- ``certs all``, ``kubeconfig admin|super-admin|controller-manager``: the PKI and kubeconfigs
-  in ``/etc/kubernetes``;
-- ``etcd local``, ``control-plane apiserver|controller-manager``: kubeadm's static Pod
+- ``certs all``, ``kubeconfig admin|super-admin|controller-manager|scheduler``: the PKI and
+  kubeconfigs in ``/etc/kubernetes``;
+- ``etcd local``, ``control-plane apiserver|controller-manager|scheduler``: kubeadm's static Pod
   manifests, which the lab runs as systemd units (no kubelet, no images on the control plane:
   the unit runs the manifest's own command line, so every flag, ``--authorization-mode=Node,RBAC``
   and ``--enable-admission-plugins=NodeRestriction`` among them, is kubeadm's);
@@ -20,10 +20,11 @@ and linked where packages would put them. Once it has booted, ``init`` runs kube
 Skipped: ``preflight`` (it checks for a kubelet and a container runtime the control plane host
 does not run), ``kubelet-start``/``wait-control-plane``/``kubelet-finalize`` (no kubelet),
 ``mark-control-plane`` (it labels the host's Node, which does not exist without a kubelet),
-``addon`` (CoreDNS and kube-proxy need images). kube-scheduler is not run: the lab's Pods are
-bound to their node by ``spec.nodeName`` (lab.kube.node, lab.kube.images). The controller
-manager runs kubeadm's ``--controllers=*,bootstrapsigner,tokencleaner``: the disruption
-controller among them keeps PodDisruptionBudgets' status, which the API server's eviction reads.
+``addon`` (CoreDNS and kube-proxy need images). The controller manager runs kubeadm's
+``--controllers=*,bootstrapsigner,tokencleaner``: the disruption controller among them keeps
+PodDisruptionBudgets' status, which the API server's eviction reads, and the ReplicaSet
+controller replaces an evicted Pod; kube-scheduler binds the replacement to a node that takes it
+(not a cordoned one), as in any cluster.
 
 Every lab host shares this machine's network namespace, so everything listens on the control
 plane host's own loopback address, never on 127.0.0.1 or all addresses (kubeadm's defaults for
@@ -74,6 +75,7 @@ AUDIT_POLICY_DOC = {
 MANIFESTS = "/etc/kubernetes/manifests"
 SUPER_ADMIN = "/etc/kubernetes/super-admin.conf"
 CONTROLLER_MANAGER_CONF = "/etc/kubernetes/controller-manager.conf"
+SCHEDULER_CONF = "/etc/kubernetes/scheduler.conf"
 ADMINS = "kubeadm:cluster-admins"  # admin.conf's group, kubeadm's name for its binding
 # Where the binaries appear in the host: kubeadm and kubectl where their packages put them, the
 # control plane's own binaries (images, in a kubeadm cluster) in /usr/local/bin.
@@ -83,6 +85,7 @@ LINKS = {
     "usr/local/bin/etcd": "etcd",
     "usr/local/bin/kube-apiserver": "kube-apiserver",
     "usr/local/bin/kube-controller-manager": "kube-controller-manager",
+    "usr/local/bin/kube-scheduler": "kube-scheduler",
 }
 
 
@@ -100,6 +103,7 @@ COMPONENTS = (
     Component("kube-apiserver", "Kubernetes API server", after="etcd.service"),
     Component("kube-controller-manager", "Kubernetes controller manager",
               after="kube-apiserver.service"),
+    Component("kube-scheduler", "Kubernetes scheduler", after="kube-apiserver.service"),
 )
 
 START_TIMEOUT_S = 90.0
@@ -144,6 +148,7 @@ def kubeadm_config(cp: LabHost, version: str) -> str:
             ],
         },
         "controllerManager": {"extraArgs": [{"name": "bind-address", "value": addr}]},
+        "scheduler": {"extraArgs": [{"name": "bind-address", "value": addr}]},
         "etcd": {"local": {
             "serverCertSANs": [addr],
             "peerCertSANs": [addr],
@@ -274,15 +279,16 @@ def init(paths: LabPaths, cp: LabHost, deadline: float) -> dict[str, float]:
     times: dict[str, float] = {}
     t0 = time.monotonic()
     _kubeadm(paths, cp, "certs", "all")
-    for kubeconfig in ("admin", "super-admin", "controller-manager"):
+    for kubeconfig in ("admin", "super-admin", "controller-manager", "scheduler"):
         _kubeadm(paths, cp, "kubeconfig", kubeconfig)
-    # kubeadm points the controller manager at localAPIEndpoint (its chosen address, see
-    # kubeadm_config), not at controlPlaneEndpoint: point it at the host's own address.
-    _exec(paths, cp, ["kubectl", "--kubeconfig", CONTROLLER_MANAGER_CONF, "config",
-                      "set-cluster", CLUSTER_NAME, f"--server=https://{cp.address}:{API_PORT}"],
-          "pointing controller-manager.conf at the control-plane host")
+    # kubeadm points the controller manager and the scheduler at localAPIEndpoint (its chosen
+    # address, see kubeadm_config), not at controlPlaneEndpoint: point them at the host's own.
+    for conf in (CONTROLLER_MANAGER_CONF, SCHEDULER_CONF):
+        _exec(paths, cp, ["kubectl", "--kubeconfig", conf, "config", "set-cluster", CLUSTER_NAME,
+                          f"--server=https://{cp.address}:{API_PORT}"],
+              f"pointing {Path(conf).name} at the control-plane host")
     _kubeadm(paths, cp, "etcd", "local")
-    for part in ("apiserver", "controller-manager"):
+    for part in ("apiserver", "controller-manager", "scheduler"):
         _kubeadm(paths, cp, "control-plane", part)
     times["kubeadm_files_s"] = time.monotonic() - t0
 

@@ -1,7 +1,7 @@
-"""Pods on lab nodes (issue 33): bound to a node by ``spec.nodeName`` (no scheduler runs in the
-lab), running the lab's locally built image (lab/kube/images.py, no registry), on the host's
-network (lab/kube/node.py says why); and the Eviction API, called as the admin kubeconfig's
-user so a test sees the API server's own HTTP status."""
+"""Pods on lab nodes (issue 33): bound to a node by ``spec.nodeName``, or a Deployment's, placed
+by the lab's real kube-scheduler; running the lab's locally built image (lab/kube/images.py, no
+registry), on the host's network (lab/kube/node.py says why); and the Eviction API, called as
+the admin kubeconfig's user so a test sees the API server's own HTTP status."""
 
 from __future__ import annotations
 
@@ -43,6 +43,48 @@ def sleep_pod(name: str, node: str, namespace: str = "default") -> dict[str, Any
                                  "readinessProbe": {"exec": {"command": ["true"]},
                                                     "periodSeconds": 2}}]},
     }
+
+
+def spread_deployment(name: str, replicas: int, namespace: str = "default") -> dict[str, Any]:
+    """A Deployment of the lab's image with at most one Pod per node (required anti-affinity on
+    the hostname), as a training job's workers are spread: the replacement for a Pod evicted
+    from a cordoned node waits Pending until a node without one takes Pods again."""
+    labels = {"app": name}
+    template = sleep_pod(name, "", namespace)
+    spec = template["spec"]
+    del spec["nodeName"]
+    spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}}
+    spec["terminationGracePeriodSeconds"] = 5
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": spec}},
+    }
+
+
+def disruption_budget(name: str, max_unavailable: int, namespace: str = "default"
+                      ) -> dict[str, Any]:
+    """A PodDisruptionBudget over the Deployment ``name``'s Pods."""
+    return {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"maxUnavailable": max_unavailable,
+                 "selector": {"matchLabels": {"app": name}}},
+    }
+
+
+def ready_pods(kubeconfig: Path, app: str, namespace: str = "default") -> dict[str, str]:
+    """{Pod name: its node} of the app's Pods whose Ready condition is True."""
+    proc = kubectl(kubeconfig, "-n", namespace, "get", "pods", "-l", f"app={app}", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, str] = {}
+    for pod in json.loads(proc.stdout)["items"]:
+        conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+        if conditions.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp"):
+            out[pod["metadata"]["name"]] = pod["spec"]["nodeName"]
+    return out
 
 
 def apply(kubeconfig: Path, doc: dict[str, Any]) -> None:

@@ -3,10 +3,16 @@
 (kube-apiserver, kube-controller-manager, real kubelets joined by the real kubeadm). The driver
 packages are the lab repository's SIMULATED ones; the upgrade, the reboot it needs (the lab's
 simulated kernel keeps the old module loaded until one), the drain, the validation and the gate
-are the real code paths. One lab serves the module; the tests run in file order on it:
+are the real code paths. Work runs on the pool as a Deployment of four Pods, one per node
+(required anti-affinity; the lab's locally built image, real kubelets, placed by the real
+kube-scheduler) under a PodDisruptionBudget that allows one disruption at a time: the real API
+server refuses an eviction while a Pod is missing, and the replacement for a drained node's Pod
+waits Pending until that node is admitted and uncordoned. A watcher counts the Ready Pods all
+along: never fewer than three. One lab serves the module; the tests run in file order on it:
 
-- site.yml admits the four nodes at the old pin; the pin changes in the inventory;
-- the dry run (--check) lists the batches and the drains and changes nothing;
+- site.yml admits the four nodes at the old pin; the Deployment and its PDB go on; the pin
+  changes in the inventory;
+- the dry run (--check) lists the batches and the drains (each node's Pod) and changes nothing;
 - a roll, one node at a time, with a fault (an uncorrectable ECC error) put into node3 while
   it is being upgraded: node1 and node2 are upgraded, rebooted, validated and admitted; node3
   fails validation and stays cordoned and tainted with its code; the roll stops there (budget
@@ -19,15 +25,19 @@ are the real code paths. One lab serves the module; the tests run in file order 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import yaml
 
 from lab import core
+from lab.kube import images
 from lab.paths import LabPaths
+from tests.lab import kube_pods
 from tests.lab.cluster_helpers import PREFIX, TAINT_KEY, Cluster, PlaybookRun
 from tests.lab.conftest import print_past_capture, running_lab, ssh
 
@@ -36,6 +46,7 @@ NODES = ("node1", "node2", "node3", "node4")
 STATE, DETAIL = f"{PREFIX}/upgrade-state", f"{PREFIX}/upgrade-detail"
 UPGRADING_TASK = "Record that the node is being upgraded"
 DRAIN_TASK = "Drain the node (cordon, taint, evict through the Eviction API)"
+APP = "workers"  # the Deployment (one Pod per node) and its PodDisruptionBudget
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +59,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory,
                           tmp_path_factory.mktemp("vault"))
         site = cluster.playbook("site.yml", label="site.yml")
         assert site.rc == 0, {h: site.failures(h) for h in (*NODES, "localhost")}
+        for host in NODES:
+            assert images.load(paths, host)[0] == images.IMAGE
+        kube_pods.apply(cluster.kubeconfig, kube_pods.spread_deployment(APP, len(NODES)))
+        kube_pods.apply(cluster.kubeconfig, kube_pods.disruption_budget(APP, 1))
+        kube_pods.wait_for("one Ready Pod per node", lambda: sorted(
+            kube_pods.ready_pods(cluster.kubeconfig, APP).values()) == list(NODES), 180)
         yield cluster
     print_past_capture(request, f"test_upgrade: {time.monotonic() - started:.0f} s in all "
                                 f"({'; '.join(cluster.log)})")
@@ -105,6 +122,42 @@ def plan_lines(run: PlaybookRun) -> list[str]:
     return run.debug_lines("Show the plan")
 
 
+def drain_lines(run: PlaybookRun, host: str) -> list[str]:
+    """What ``validate upgrade drain`` printed for the host (its debug task)."""
+    for e in run.events:
+        data = e.get("event_data", {})
+        if (e.get("event") == "runner_on_ok" and data.get("task") == "Show the drain"
+                and data.get("host") == host):
+            return [str(line) for line in data.get("res", {}).get("msg", [])]
+    return []
+
+
+def pods_on(cluster: Cluster) -> dict[str, str]:
+    """{node: the name of its Ready Pod of the Deployment}."""
+    return {node: pod for pod, node in kube_pods.ready_pods(cluster.kubeconfig, APP).items()}
+
+
+@contextmanager
+def fewest_ready(cluster: Cluster) -> Iterator[list[int]]:
+    """Counts the Deployment's Ready Pods every half second while the block runs; yields a list
+    whose one item is the fewest seen (the PDB allows one of four to be missing)."""
+    seen = [len(NODES)]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen[0] = min(seen[0], len(kube_pods.ready_pods(cluster.kubeconfig, APP)))
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_the_dry_run_lists_batches_and_drains_and_changes_nothing(lab: Cluster) -> None:
     assert all(admitted(n) for n in nodes(lab).values())
     assert {driver(lab, h) for h in NODES} == {OLD}
@@ -119,7 +172,11 @@ def test_the_dry_run_lists_batches_and_drains_and_changes_nothing(lab: Cluster) 
     assert [line for line in lines if line.startswith("batch")] == [
         "batch 1: node1", "batch 2: node2", "batch 3: node3", "batch 4: node4"]
     assert order(run, DRAIN_TASK) == list(NODES)
+    pods = pods_on(lab)
     for host in NODES:
+        assert drain_lines(run, host) == [
+            f"drain {host} (dry run): would cordon, taint and evict 1 pod(s)",
+            f"  evict default/{pods[host]}"], host  # the PDB allows one: nothing blocked now
         assert run.count("changed", host) == 0, (host, run.changed_tasks(host))
     assert lab.admin_patches() == patches
     assert {h: view(n) for h, n in nodes(lab).items()} == {h: view(n) for h, n in before.items()}
@@ -138,8 +195,12 @@ def test_a_fault_during_the_roll_keeps_the_node_out_and_stops_the_roll(lab: Clus
                             clear=False)
         return True
 
-    run = lab.playbook("upgrade.yml", label="roll (node3 faulted)", event_handler=fault_node3)
+    pods = pods_on(lab)
+    with fewest_ready(lab) as fewest:
+        run = lab.playbook("upgrade.yml", label="roll (node3 faulted)",
+                           event_handler=fault_node3)
     assert run.rc != 0
+    assert fewest[0] >= len(NODES) - 1, fewest  # the PDB held: one Pod missing at a time
     assert order(run, DRAIN_TASK) == ["node1", "node2", "node3"]  # one at a time, then stop
     after = nodes(lab)
     for host in ("node1", "node2"):
@@ -148,6 +209,7 @@ def test_a_fault_during_the_roll_keeps_the_node_out_and_stops_the_roll(lab: Clus
         assert after[host]["metadata"]["annotations"][STATE] == "done"
         assert driver(lab, host) == NEW
         assert boots(lab, host) == boots0[host] + 1  # the new module needs the reboot
+        assert f"  evicted default/{pods[host]}" in drain_lines(run, host)
     node3 = after["node3"]
     assert run.failures("node3"), "node3 fails the roll"
     assert node3["spec"]["unschedulable"] is True
@@ -162,6 +224,16 @@ def test_a_fault_during_the_roll_keeps_the_node_out_and_stops_the_roll(lab: Clus
     assert STATE not in node4["metadata"].get("annotations", {})
     assert admitted(node4)
     assert driver(lab, "node4") == OLD and boots(lab, "node4") == boots0["node4"]
+    # node1's and node2's Pods came back once they were admitted (new Pods, placed by the
+    # scheduler); node3's waits Pending while node3 is cordoned; node4's never moved.
+    def back() -> dict[str, str] | None:
+        placed = pods_on(lab)
+        return placed if {"node1", "node2"} <= placed.keys() else None
+
+    now = kube_pods.wait_for("node1 and node2 running Pods again", back, 120)
+    assert sorted(now) == ["node1", "node2", "node4"], now
+    assert now["node4"] == pods["node4"]
+    assert now["node1"] != pods["node1"] and now["node2"] != pods["node2"]
 
 
 def test_an_interrupted_roll_resumes_and_skips_the_nodes_at_the_pin(lab: Cluster) -> None:
@@ -174,9 +246,11 @@ def test_an_interrupted_roll_resumes_and_skips_the_nodes_at_the_pin(lab: Cluster
             drained.append(str(data.get("host")))
         return True
 
-    run = lab.playbook("upgrade.yml", label="roll (interrupted after node4's drain)",
-                       event_handler=watch, cancel_callback=lambda: "node4" in drained)
+    with fewest_ready(lab) as fewest:
+        run = lab.playbook("upgrade.yml", label="roll (interrupted after node4's drain)",
+                           event_handler=watch, cancel_callback=lambda: "node4" in drained)
     assert run.rc != 0
+    assert fewest[0] >= len(NODES) - 1, fewest
     lines = plan_lines(run)
     assert lines[0].startswith("upgrade plan: 2 of 4 node(s) to upgrade"), lines
     assert "  node3: its last roll stopped at failed" in lines
@@ -187,18 +261,22 @@ def test_an_interrupted_roll_resumes_and_skips_the_nodes_at_the_pin(lab: Cluster
     assert admitted(lab.node("node3"))
     # The next roll picks node4 up where it stopped; node1-3 are not drained or patched.
     before = nodes(lab)
-    run = lab.playbook("upgrade.yml", label="roll (resumed)")
+    with fewest_ready(lab) as fewest:
+        run = lab.playbook("upgrade.yml", label="roll (resumed)")
     assert run.rc == 0, {h: run.failures(h) for h in NODES}
+    assert fewest[0] >= len(NODES) - 1, fewest
     assert order(run, DRAIN_TASK) == ["node4"]
     after = nodes(lab)
     for host in ("node1", "node2", "node3"):
         assert view(after[host]) == view(before[host]), host
     assert admitted(after["node4"]) and after["node4"]["metadata"]["annotations"][STATE] == "done"
     assert {driver(lab, h) for h in NODES} == {NEW}
+    kube_pods.wait_for("one Ready Pod per node again",
+                       lambda: sorted(pods_on(lab)) == list(NODES), 120)
 
 
 def test_a_roll_with_nothing_to_do_changes_nothing(lab: Cluster) -> None:
-    before, patches = nodes(lab), lab.admin_patches()
+    before, patches, pods = nodes(lab), lab.admin_patches(), pods_on(lab)
     run = lab.playbook("upgrade.yml", label="roll (nothing to do)")
     assert run.rc == 0
     assert plan_lines(run)[0] == ("upgrade plan: 0 of 4 node(s) to upgrade in 0 batch(es) "
@@ -208,3 +286,4 @@ def test_a_roll_with_nothing_to_do_changes_nothing(lab: Cluster) -> None:
     assert lab.admin_patches() == patches
     assert {h: view(n) for h, n in nodes(lab).items()} == {h: view(n) for h, n in before.items()}
     assert all(admitted(n) for n in nodes(lab).values())
+    assert pods_on(lab) == pods  # the same Pods: nothing evicted
