@@ -1,13 +1,14 @@
 """What the inventory declares for one GPU node, read once into typed records.
 
-The validators read a node's declared state here and nowhere else: the driver and kernel pins,
-the services that must run, storage paths and sizes, the Xid window, the gate's settings (the
-cluster, the label prefix, how old a run may be and still admit a node, the failed taint's
-effect), the fabric's NCCL and MPI settings, drift's role inputs and margins, the cost inputs
-and the profile overrides. :func:`read` turns the templated inventory variables of one host
-into a :class:`DesiredState`, checking each value's type; it returns every problem rather than
-the first, so that the loader (``validate.inventory.load``) can name each bad variable with the
-group or host it was set on and refuse the inventory before any connection is made.
+The validators read a node's declared state here and nowhere else: the pins (driver, kernel,
+DCGM, containerd, container toolkit, Kubernetes packages), the services that must run, storage
+paths and sizes, the Xid window, the gate's settings (the cluster, the label prefix, how old a
+run may be and still admit a node, the failed taint's effect), the fabric's NCCL and MPI
+settings, drift's role inputs and margins, the cost inputs and the profile overrides.
+:func:`read` turns the templated inventory variables of one host into a :class:`DesiredState`,
+checking each value's type; it returns every problem rather than the first, so that the loader
+(``validate.inventory.load``) can name each bad variable with the group or host it was set on
+and refuse the inventory before any connection is made.
 
 What a value means beyond its type is judged where it is used: the profile (``gpu_profile``,
 ``gpu_thresholds``) by ``validate.profiles`` (the loader loads each pool's profile up front as
@@ -39,6 +40,13 @@ DRIVER_PIN = "nvidia_driver_version"
 # The DCGM release the nvidia_dcgm role installs: set, a node without dcgmi is an error.
 DCGM_PIN = "nvidia_dcgm_version"
 KERNEL_PIN = "gpuready_kernel_release"
+# The package pins of the containerd, nvidia_container_toolkit and kubelet roles (unset: the
+# role's default; validate/drift/pins.py resolves them as the roles do).
+CONTAINERD_PIN = "containerd_version"
+TOOLKIT_PIN = "nvidia_container_toolkit_version"
+TOOLKIT_PACKAGES = "nvidia_container_toolkit_packages"
+KUBELET_PIN = "kubelet_version"
+KUBELET_PACKAGES = "kubelet_packages"
 SERVICES = "gpuready_services"
 SCRATCH_PATH = "gpuready_scratch_path"
 DRIVE_CLASS = "gpuready_drive_class"
@@ -98,10 +106,18 @@ class _Bad(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Pins:
-    """Exact versions the node must run (None: not pinned)."""
+    """Exact versions the node must run. None: not set in the inventory, which for the driver,
+    the kernel and DCGM means not pinned, and for the others the role's default (resolved by
+    validate/drift/pins.py); ``containerd_version`` ``""`` pins nothing, as in the role."""
 
     driver_version: str | None = None
     kernel_release: str | None = None
+    dcgm_version: str | None = None
+    containerd_version: str | None = None
+    toolkit_version: str | None = None
+    toolkit_packages: tuple[str, ...] | None = None
+    kubelet_version: str | None = None
+    kubelet_packages: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +218,11 @@ def _version(value: Any) -> str:
         raise _Bad(f"is the YAML number {value!r}, which lost its exact spelling: quote the "
                    "version (\"550.90.07\")")
     return _line(value)
+
+
+def _version_or_empty(value: Any) -> str:
+    """A version, or ``""`` where the role reads empty as "not pinned"."""
+    return "" if value == "" else _version(value)
 
 
 def _word(value: Any) -> str:
@@ -366,6 +387,11 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     DRIVER_PIN: _version,
     DCGM_PIN: _version,
     KERNEL_PIN: _word,
+    CONTAINERD_PIN: _version_or_empty,
+    TOOLKIT_PIN: _version,
+    TOOLKIT_PACKAGES: _words,
+    KUBELET_PIN: _version,
+    KUBELET_PACKAGES: _words,
     SERVICES: _words,
     SCRATCH_PATH: _path,
     DRIVE_CLASS: _word,
@@ -420,7 +446,9 @@ def read(values: Mapping[str, Any]) -> tuple[DesiredState, tuple[Problem, ...]]:
             problems.append(Problem(POOL if exc.in_pool else MIG_LAYOUT, str(exc)))
     state = DesiredState(
         environment=got.get(ENVIRONMENT),
-        pins=Pins(got.get(DRIVER_PIN), got.get(KERNEL_PIN)),
+        pins=Pins(got.get(DRIVER_PIN), got.get(KERNEL_PIN), got.get(DCGM_PIN),
+                  got.get(CONTAINERD_PIN), got.get(TOOLKIT_PIN), got.get(TOOLKIT_PACKAGES),
+                  got.get(KUBELET_PIN), got.get(KUBELET_PACKAGES)),
         services=got.get(SERVICES) or None,
         storage=Storage(got.get(DRIVE_CLASS), got.get(SCRATCH_PATH), got.get(CHECKPOINT_PATH),
                         got.get(FIO_SIZE), got.get(CHECKPOINT_SIZE)),

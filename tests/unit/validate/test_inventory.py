@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from validate.desired import Pins
 from validate.inventory import InventoryError, load, profile_for
 
 
@@ -293,26 +294,51 @@ def test_a_shared_template_is_templated_for_each_host(tmp_path: Path) -> None:
     assert {node.gpu_pool["accelerator"] for node in nodes.values()} == {"h100-80gb"}
 
 
+GOOD_HOSTS = POOLS.replace("gpuready_fio_size_mib: lots", "gpuready_fio_size_mib: 64")
+
+
+def _with_h100_vars(root: Path, h100_vars: str, hosts: str = GOOD_HOSTS) -> Path:
+    """The two pools of POOLS, with ``h100_vars`` in the H100 pool's group_vars."""
+    return _write(root, {
+        "hosts.yml": hosts,
+        "group_vars/pool_h100_sxm.yml": "gpu_profile: h100-sxm5-80gb-8x\n" + h100_vars,
+        "group_vars/pool_l40s_pcie.yml": "gpu_profile: l40s-pcie-48gb-4x\n",
+    })
+
+
+def _refused_as_a_number(root: Path, var: str, number: str) -> None:
+    with pytest.raises(InventoryError) as err:
+        load(_with_h100_vars(root, f"{var}: {number}\n", hosts=POOLS))
+    assert f"{var} (set in group pool_h100_sxm, hosts h1, h2, h3) is the YAML number " \
+        f"{number}" in str(err.value)
+
+
 def test_the_dcgm_pin_reaches_the_checks_and_a_yaml_number_is_refused(tmp_path: Path) -> None:
     """dcgm.diag tells "DCGM is not installed here" (no pin: a skip row) from "dcgmi is missing
     on a node that pins DCGM" (an error) by nvidia_dcgm_version: the loader must hand it to the
     checks, and refuse a pin that YAML turned into a number, as it does the driver's."""
-    good = _write(tmp_path / "good", {
-        "hosts.yml": POOLS.replace("gpuready_fio_size_mib: lots", "gpuready_fio_size_mib: 64"),
-        "group_vars/pool_h100_sxm.yml": 'gpu_profile: h100-sxm5-80gb-8x\n'
-                                        'nvidia_dcgm_version: "3.3.6"\n',
-        "group_vars/pool_l40s_pcie.yml": "gpu_profile: l40s-pcie-48gb-4x\n",
-    })
+    good = _with_h100_vars(tmp_path / "good", 'nvidia_dcgm_version: "3.3.6"\n')
     nodes = {n.name: n for n in load(good)}
     assert nodes["h1"].vars["nvidia_dcgm_version"] == "3.3.6"
     assert nodes["l1"].vars.get("nvidia_dcgm_version") is None
-    bad = _write(tmp_path / "bad", {
-        "hosts.yml": POOLS,
-        "group_vars/pool_h100_sxm.yml": "gpu_profile: h100-sxm5-80gb-8x\n"
-                                        "nvidia_dcgm_version: 3.3\n",
-        "group_vars/pool_l40s_pcie.yml": "gpu_profile: l40s-pcie-48gb-4x\n",
-    })
-    with pytest.raises(InventoryError) as err:
-        load(bad)
-    assert "nvidia_dcgm_version (set in group pool_h100_sxm, hosts h1, h2, h3) is the YAML " \
-        "number 3.3" in str(err.value)
+    _refused_as_a_number(tmp_path / "bad", "nvidia_dcgm_version", "3.3")
+
+
+def test_the_package_pins_reach_the_desired_state_and_a_yaml_number_is_refused(
+        tmp_path: Path) -> None:
+    """The upgrade plan compares the roles' package pins with dpkg: the loader hands them over
+    as the roles take them (containerd_version "" is the role's "not pinned"; one package name
+    is a list of one) and refuses a version YAML turned into a number."""
+    good = _with_h100_vars(tmp_path / "good", (
+        'containerd_version: ""\n'
+        'nvidia_container_toolkit_version: "1.17.3-1"\n'
+        'nvidia_container_toolkit_packages: nvidia-container-toolkit\n'
+        'kubelet_version: "1.37.2-1.1"\n'
+        'kubelet_packages: [kubelet, kubeadm]\n'))
+    nodes = {n.name: n for n in load(good)}
+    assert nodes["h1"].desired.pins == Pins(
+        containerd_version="", toolkit_version="1.17.3-1",
+        toolkit_packages=("nvidia-container-toolkit",), kubelet_version="1.37.2-1.1",
+        kubelet_packages=("kubelet", "kubeadm"))
+    assert nodes["l1"].desired.pins == Pins()
+    _refused_as_a_number(tmp_path / "bad", "kubelet_version", "1.37")
