@@ -8,11 +8,13 @@
     python -m validate upgrade finish -i <inventory> --node HOST
 
 ``plan`` reads what every node runs with drift's versions probes (validate/drift/probes.py:
-kernel, driver library and module, the two disagreeing) and each Node's upgrade state: a node
-that differs from its pins, or whose roll stopped before ``done``, is pending; a node at its pins
-is not drained. It lists the batches (``--serial`` as Ansible's ``serial`` reads it), the pods
-each drain would evict and the PodDisruptionBudgets that would refuse it now. It writes nothing.
-A node whose versions cannot be read is listed as unreadable and not upgraded.
+kernel, driver library and module, the two disagreeing; the dpkg database against the package
+pins of DCGM, containerd, the container toolkit and Kubernetes, validate/drift/pins.py) and each
+Node's upgrade state: a node that differs from its pins, or whose roll stopped before ``done``,
+is pending; a node at its pins is not drained. It lists the batches (``--serial`` as Ansible's
+``serial`` reads it), the pods each drain would evict and the PodDisruptionBudgets that would
+refuse it now. It writes nothing. A node whose versions cannot be read is listed as unreadable
+and not upgraded.
 
 ``drain`` records the state on the Node (``<prefix>/upgrade-state``, ``<prefix>/upgrade-detail``),
 cordons it, puts the validation taint on it (``<prefix>/validation=upgrading``: the gate lifts it
@@ -49,7 +51,7 @@ from typing import Any, TextIO
 
 from validate import argtypes, gate, runner
 from validate.checks.base import NodeContext
-from validate.drift import probes
+from validate.drift import pins, probes
 from validate.drift.model import FindingStatus, Layer
 from validate.inventory import Node, load, profile_for
 from validate.labels import taint_key
@@ -266,9 +268,12 @@ def read_versions(node: Node, timeout_s: float, accept_unknown_host_keys: bool
 
 
 def versions_from(node: Node, seen: probes.NodeProbe) -> tuple[list[str], str]:
-    """(what differs from the pins, why the node could not be read) from drift's probes. A node
-    that pins a driver but whose driver version could be read neither from the library nor from
-    the loaded module is unreadable, never "at the pins"."""
+    """(what differs from the pins, why the node could not be read) from drift's probes: the
+    kernel and driver findings, then the package pins (DCGM, containerd, the container toolkit,
+    Kubernetes) against the node's dpkg database. A node that pins a driver but whose driver
+    version could be read neither from the library nor from the loaded module, or that has
+    package pins and a dpkg database that could not be read, is unreadable, never "at the
+    pins"."""
     if seen.unreachable:
         return [], seen.unreachable
     versions = [f for f in seen.findings if f.layer is Layer.VERSIONS]
@@ -279,9 +284,18 @@ def versions_from(node: Node, seen: probes.NodeProbe) -> tuple[list[str], str]:
         errors.append("driver: neither the library (the package owning nvidia-smi) nor the "
                       "loaded module's version could be read"
                       + (f" ({seen.smi_problem})" if seen.smi_problem else ""))
+    try:
+        package_pins = pins.package_pins(node)
+    except pins.PinError as exc:
+        package_pins = ()
+        errors.append(str(exc))
+    if package_pins and seen.packages is None and not any(f.item == "packages"
+                                                          for f in versions):
+        errors.append("packages: the dpkg database could not be read")
     if errors:
         return [], "; ".join(errors)
-    return [f"{f.item} {f.actual} -> {f.declared}" for f in versions], ""
+    return [f"{f.item} {f.actual} -> {f.declared}" for f in versions] + [
+        diff for pin in package_pins for diff in pins.differences(pin, seen.packages or {})], ""
 
 
 def batches(hosts: Sequence[str], serial: str) -> list[list[str]]:

@@ -28,6 +28,11 @@ _DECLARED: dict[str, Callable[[DesiredState], Any]] = {
     desired.PEERMEM_FABRICS: lambda d: d.drift.peermem_fabrics,
     desired.KERNEL_MODULES: lambda d: d.drift.kernel_modules,
     desired.RUNTIME_NAME: lambda d: d.drift.runtime_name,
+    desired.CONTAINERD_PIN: lambda d: d.pins.containerd_version,
+    desired.TOOLKIT_PIN: lambda d: d.pins.toolkit_version,
+    desired.TOOLKIT_PACKAGES: lambda d: d.pins.toolkit_packages,
+    desired.KUBELET_PIN: lambda d: d.pins.kubelet_version,
+    desired.KUBELET_PACKAGES: lambda d: d.pins.kubelet_packages,
 }
 
 
@@ -47,6 +52,23 @@ def role_default(role: str, var: str) -> Any:
     if isinstance(value, str) and "{{" in value:
         return None
     return value
+
+
+@functools.cache
+def _os_vars(role: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted((ROLES_DIR / role / "vars").glob("*.yml")):
+        if path.stem == "main":
+            continue
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        out[path.stem] = data if isinstance(data, dict) else {}
+    return out
+
+
+def os_values(role: str, var: str) -> dict[str, Any]:
+    """``var`` from each per-OS file of ``roles/<role>/vars/`` that sets it (the files the role
+    picks by the host's distribution, ``Debian-12.yml``...), by the file's stem."""
+    return {os: data[var] for os, data in _os_vars(role).items() if var in data}
 
 
 def declared(node: Node, role: str, var: str) -> Any:

@@ -18,13 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.kube_helpers import LocalApiServer, core_api, running_apiserver
 from tests.unit.validate.gate_runs import write_inventory
 from tests.unit.validate.test_checks_runner import _node, _out
 from tests.unit.validate.test_drift_probes import _probe
 from validate import cli, upgrade
+from validate.drift import pins, probes
 from validate.model import ExitCode
+from validate.parsers import dpkg_query
 
 P = "gpu.example.com.node-restriction.kubernetes.io"
 NODES = ("u1", "u2", "u3", "u4")
@@ -267,3 +270,107 @@ def test_a_node_whose_driver_cannot_be_read_is_unreadable_not_at_the_pins(
     reasons, unreadable = upgrade.versions_from(node, seen)
     assert reasons == []
     assert "neither the library" in unreadable and "nvidia-smi exited 127" in unreadable
+
+
+# -- package pins (DCGM, containerd, container toolkit, Kubernetes) against dpkg ----------------
+# The converged lab node's dpkg database (real dpkg output; its vendor packages are the lab's
+# simulated ones): containerd 1.6.20~ds1-1+deb12u3, the toolkit at 1.17.3-1, kubelet, kubeadm
+# and kubectl at 1.30.5-1.1, no DCGM; its driver packages at 550.90.07.
+AT_CAPTURE = {"nvidia_driver_version": "550.90.07", "containerd_version": "1.6.20~ds1-1+deb12u3",
+              "nvidia_container_toolkit_version": "1.17.3-1", "kubelet_version": "1.30.5-1.1"}
+MODULE_550 = {("cat", "/sys/module/nvidia/version"): _out("550.90.07\n")}
+HALF_CONFIGURED = "dpkg-query/dpkg-1.21.22-debian12-kubelet-half-configured-held.txt"
+
+
+def _role_default(role: str, var: str) -> Any:
+    path = Path(__file__).resolve().parents[3] / "roles" / role / "defaults" / "main.yml"
+    return yaml.safe_load(path.read_text())[var]
+
+
+def test_a_node_at_every_pin_is_at_the_pins_and_not_drained(fixtures_dir: Path) -> None:
+    seen = _probe(fixtures_dir, pin="550.90.07", over=MODULE_550)
+    plan = upgrade.NodePlan("n1", "n1")
+    plan.reasons, plan.unreadable = upgrade.versions_from(_node(**AT_CAPTURE), seen)
+    assert (plan.reasons, plan.unreadable, plan.pending) == ([], "", False)
+    assert upgrade.plan_lines([plan], "1")[-1] == "n1: at the pins, not drained"
+
+
+def test_each_package_pin_the_node_is_off_is_a_reason_in_the_plan(fixtures_dir: Path) -> None:
+    """Moved pins, one per role, on the converged node's real dpkg database: each package off
+    its pin is named with what dpkg has, packages at the same version together, after the
+    driver's reasons (whose text is unchanged)."""
+    seen = _probe(fixtures_dir, over=MODULE_550)  # the driver pinned at 535.54.03
+    node = _node(**{**AT_CAPTURE, "nvidia_driver_version": "535.54.03",
+                    "nvidia_dcgm_version": "3.3.6", "containerd_version": "1.7.24~ds1-1",
+                    "nvidia_container_toolkit_version": "1.17.4-1",
+                    "kubelet_version": "1.31.1-1.1"})
+    reasons, unreadable = upgrade.versions_from(node, seen)
+    assert unreadable == ""
+    assert reasons == [
+        "driver library 550.90.07 -> 535.54.03", "driver module 550.90.07 -> 535.54.03",
+        "datacenter-gpu-manager absent -> 1:3.3.6",
+        "containerd 1.6.20~ds1-1+deb12u3 -> 1.7.24~ds1-1",
+        "nvidia-container-toolkit, nvidia-container-toolkit-base, libnvidia-container-tools, "
+        "libnvidia-container1 1.17.3-1 -> 1.17.4-1",
+        "kubelet, kubeadm, kubectl 1.30.5-1.1 -> 1.31.1-1.1"]
+    plan = upgrade.NodePlan("n1", "n1", reasons)
+    assert upgrade.plan_lines([plan], "1")[2] == "  n1: " + "; ".join(reasons)
+
+
+def test_unset_pins_are_the_roles_defaults_and_an_empty_containerd_pin_pins_nothing(
+        fixtures_dir: Path) -> None:
+    """No toolkit or Kubernetes pin in the inventory: the roles' defaults/main.yml apply, as
+    in Ansible (the capture's kubelet is older than the role's default, its toolkit may be at
+    it); containerd_version "" is the role's "the distribution's, unheld"."""
+    seen = _probe(fixtures_dir, pin="550.90.07", over=MODULE_550)
+    node = _node(nvidia_driver_version="550.90.07", containerd_version="")
+    expected = []
+    for role, have in (("nvidia_container_toolkit", "1.17.3-1"), ("kubelet", "1.30.5-1.1")):
+        version = _role_default(role, f"{role}_version")
+        if version != have:
+            names = ", ".join(_role_default(role, f"{role}_packages"))
+            expected.append(f"{names} {have} -> {version}")
+    assert _role_default("kubelet", "kubelet_version") != "1.30.5-1.1"
+    assert upgrade.versions_from(node, seen) == (expected, "")
+    # Packages named in the inventory replace the role's list.
+    only = _node(**{**AT_CAPTURE, "kubelet_packages": ["kubelet"],
+                    "kubelet_version": "1.31.1-1.1"})
+    assert upgrade.versions_from(only, seen) == (["kubelet 1.30.5-1.1 -> 1.31.1-1.1"], "")
+
+
+def test_a_dcgm_pin_takes_the_packages_of_its_series_from_the_role(fixtures_dir: Path) -> None:
+    """DCGM 4 is the core package and the diagnostics of one CUDA major (the driver's branch
+    picks it, so any installed one counts), both at the role's 1:<release>-1."""
+    seen = _probe(fixtures_dir, pin="550.90.07", over=MODULE_550)
+    node = _node(**AT_CAPTURE, nvidia_dcgm_version="4.6.0")
+    assert upgrade.versions_from(node, seen) == (
+        ["datacenter-gpu-manager-4-core, datacenter-gpu-manager-4-cuda* absent -> 1:4.6.0-1"],
+        "")
+    unknown = _node(**AT_CAPTURE, nvidia_dcgm_version="9.0.0")
+    reasons, unreadable = upgrade.versions_from(unknown, seen)
+    assert reasons == [] and "no roles/nvidia_dcgm/vars/<OS>.yml carries DCGM 9" in unreadable
+
+
+def test_a_package_dpkg_did_not_finish_installing_is_not_at_its_pin(fixtures_dir: Path) -> None:
+    """A real dpkg database in which kubelet's postinst failed: at the pinned version, held,
+    half-configured. The role would install it again, so the node is upgraded."""
+    installed = dpkg_query.parse((fixtures_dir / HALF_CONFIGURED).read_text())
+    pin = pins.PackagePin("kubelet", ("kubelet", "kubeadm", "kubectl"), "1.37.2-1.1")
+    assert pins.differences(pin, installed) == [
+        "kubelet 1.37.2-1.1 (half-configured) -> 1.37.2-1.1"]
+    # A name with "*" (as DCGM 4's diagnostics are named) judges every package it matches.
+    assert pins.differences(pins.PackagePin("kubelet", ("kube*",), "1.37.2-1.1"),
+                            installed) == ["kubelet 1.37.2-1.1 (half-configured) -> 1.37.2-1.1"]
+
+
+def test_a_node_whose_dpkg_database_cannot_be_read_is_unreadable(fixtures_dir: Path) -> None:
+    node = _node(**AT_CAPTURE)
+    seen = _probe(fixtures_dir, pin="550.90.07",
+                  over={**MODULE_550, probes.DPKG_ARGV: _out("", rc=2)})
+    reasons, unreadable = upgrade.versions_from(node, seen)
+    assert reasons == [] and unreadable.startswith("packages: ")
+    # However the probe came to have no database, package pins are never "at the pins".
+    at_pins = _probe(fixtures_dir, pin="550.90.07", over=MODULE_550)
+    at_pins.packages = None
+    assert upgrade.versions_from(node, at_pins) == (
+        [], "packages: the dpkg database could not be read")
