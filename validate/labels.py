@@ -98,6 +98,10 @@ FAILED_CHECKS = "failed-checks"
 LAST_RUN_TIME = "last-run-time"
 QUARANTINE = "quarantine"
 RELEASED = "released"
+# A rolling upgrade's state on the Node (validate/upgrade.py writes them); the gate carries them
+# over as they are: its patch in the middle of a roll must not erase where the roll stands.
+UPGRADE_STATE = "upgrade-state"
+UPGRADE_DETAIL = "upgrade-detail"
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -463,8 +467,9 @@ def decide(identity: NodeIdentity, evidence: NodeEvidence, node: Mapping[str, An
         annotations[p + LAST_RUN_TIME] = evidence.measured_at
     if quarantine_text is not None:
         annotations[p + QUARANTINE] = quarantine_text
-    if p + RELEASED in annotations_now:
-        annotations[p + RELEASED] = annotations_now[p + RELEASED]
+    for kept in (RELEASED, UPGRADE_STATE, UPGRADE_DETAIL):
+        if p + kept in annotations_now:
+            annotations[p + kept] = annotations_now[p + kept]
     return Desired(labels=labels, annotations=annotations,
                    taint=None if verdict == PASSED else (TAINT_FAILED, policy.taint_effect),
                    verdict=verdict, codes=() if verdict == PASSED else tuple(sorted(codes)),

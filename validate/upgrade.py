@@ -54,12 +54,11 @@ from validate.checks.base import NodeContext
 from validate.drift import pins, probes
 from validate.drift.model import FindingStatus, Layer
 from validate.inventory import Node, load, profile_for
-from validate.labels import taint_key
+from validate.labels import UPGRADE_DETAIL, UPGRADE_STATE, taint_key
 from validate.model import ExitCode
 from validate.profiles import ProfileError
 
-STATE = "upgrade-state"
-DETAIL = "upgrade-detail"
+STATE, DETAIL = UPGRADE_STATE, UPGRADE_DETAIL  # annotations under the prefix (the gate keeps them)
 DRAINING, DRAINED, DRAIN_TIMEOUT = "draining", "drained", "drain-timeout"
 UPGRADING, VALIDATING, FAILED, DONE = "upgrading", "validating", "failed", "done"
 MARKABLE = (UPGRADING, VALIDATING, FAILED)

@@ -169,6 +169,26 @@ def test_a_node_already_right_needs_no_patch_and_a_new_run_is_recorded() -> None
         f"{P}/last-run-time": "2026-12-03T10:15:00+00:00"}
 
 
+def test_the_gate_keeps_a_rolling_upgrade_s_state() -> None:
+    """In a roll the gate admits the node between ``validating`` and ``done``: its patch must
+    leave the state, or a roll stopped there would find an admitted node still cordoned with no
+    state, and never uncordon it."""
+    node = carrying(desired_state(H100, results()))
+    state = {f"{P}/upgrade-state": "validating",
+             f"{P}/upgrade-detail": "2026-12-03T10:14:00+00:00"}
+    node["metadata"]["annotations"].update(state)
+    node["spec"] = {"unschedulable": True, "taints": [
+        {"key": f"{P}/validation", "value": "upgrading", "effect": "NoSchedule"}]}
+    later = results(run_id="20261203T101500Z")
+    for found in (later, results(Status.FAIL, ("gpu.ecc.uncorrectable",),
+                                 run_id="20261203T101500Z")):
+        decided = decide(H100, evidence(found, "2026-12-03T10:15:00+00:00"), node, POLICY)
+        plan = plan_node(node, decided, P)
+        assert plan.patch is not None
+        assert not set(plan.patch["metadata"].get("annotations", {})) & set(state), plan.patch
+        assert {k: decided.annotations[k] for k in state} == state
+
+
 def test_hand_edits_stale_and_foreign_labels(fixtures_dir: Path) -> None:
     node = real_t4_node(fixtures_dir)
     t4 = results(count=2, memory=15360, detail="Tesla T4")
