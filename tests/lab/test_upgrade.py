@@ -122,14 +122,24 @@ def plan_lines(run: PlaybookRun) -> list[str]:
     return run.debug_lines("Show the plan")
 
 
-def drain_lines(run: PlaybookRun, host: str) -> list[str]:
-    """What ``validate upgrade drain`` printed for the host (its debug task)."""
+def shown(run: PlaybookRun, task: str, host: str) -> list[str]:
+    """The lines a debug task showed for the host."""
     for e in run.events:
         data = e.get("event_data", {})
-        if (e.get("event") == "runner_on_ok" and data.get("task") == "Show the drain"
+        if (e.get("event") == "runner_on_ok" and data.get("task") == task
                 and data.get("host") == host):
             return [str(line) for line in data.get("res", {}).get("msg", [])]
     return []
+
+
+def drain_lines(run: PlaybookRun, host: str) -> list[str]:
+    """What ``validate upgrade drain`` printed for the host."""
+    return shown(run, "Show the drain", host)
+
+
+def gate_lines(run: PlaybookRun, host: str) -> list[str]:
+    """What the gate printed for the host's validation run."""
+    return shown(run, "Show the gate's decision", host)
 
 
 def pods_on(cluster: Cluster) -> dict[str, str]:
@@ -210,8 +220,13 @@ def test_a_fault_during_the_roll_keeps_the_node_out_and_stops_the_roll(lab: Clus
         assert driver(lab, host) == NEW
         assert boots(lab, host) == boots0[host] + 1  # the new module needs the reboot
         assert f"  evicted default/{pods[host]}" in drain_lines(run, host)
+        decision = gate_lines(run, host)
+        assert decision[0] == f"{host}: passed; patched in 1 attempt(s)", decision
+        assert not any(STATE in line or DETAIL in line for line in decision), decision
     node3 = after["node3"]
     assert run.failures("node3"), "node3 fails the roll"
+    decision = gate_lines(run, "node3")
+    assert decision[0].startswith("node3: failed (") and "gpu.ecc.uncorrectable" in decision[0]
     assert node3["spec"]["unschedulable"] is True
     assert [(t["key"], t["value"]) for t in node3["spec"]["taints"]
             if t["key"] == TAINT_KEY] == [(TAINT_KEY, "failed")]
