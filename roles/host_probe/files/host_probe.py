@@ -17,6 +17,10 @@ Arguments, each repeatable, and the key each fills in the output:
                      a link: type file|directory|link|other|none; mode as "0644"; sha1 of a
                      regular file's content (null for anything else).
 --read PATH          "contents": {PATH: text, or null where it is not a readable regular file}.
+--match NAME REGEXP PATH
+                     "matches": {NAME: whether Python's re finds REGEXP in PATH's text, with
+                     re.MULTILINE as ansible.builtin.replace compiles its regexp (false where
+                     PATH cannot be read)}.
 --keyring PATH       "keyrings": {PATH: {"armored", "fingerprints", "rc"}} for a regular file
                      (null otherwise): whether it starts with the OpenPGP armor header, the
                      primary keys' fingerprints as gpg lists them, gpg's exit status (127: no gpg).
@@ -40,6 +44,7 @@ import itertools
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import stat
@@ -134,6 +139,13 @@ def contents(path: str) -> str | None:
         return None
 
 
+def matches(regexp: str, path: str) -> bool:
+    """Whether regexp (re.MULTILINE, as ansible.builtin.replace compiles it) finds a match in
+    path's text; False where there is no text to read."""
+    text = contents(path)
+    return text is not None and re.search(regexp, text, re.MULTILINE) is not None
+
+
 def primary_fingerprints(listing: str) -> list[str]:
     """Primary-key fingerprints in `gpg --with-colons` output: the fpr record right after each
     pub record (a subkey's fpr follows its sub record)."""
@@ -216,6 +228,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--unit", action="append", default=[])
     parser.add_argument("--file", action="append", default=[])
     parser.add_argument("--read", action="append", default=[])
+    parser.add_argument(
+        "--match", nargs=3, action="append", default=[], metavar=("NAME", "REGEXP", "PATH")
+    )
     parser.add_argument("--keyring", action="append", default=[])
     parser.add_argument("--gpg-home")
     parser.add_argument("--newer", nargs=2, action="append", default=[], metavar=("GLOB", "REF"))
@@ -231,6 +246,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         "units": {name: unit(name) for name in args.unit},
         "files": {path: file_state(path) for path in args.file},
         "contents": {path: contents(path) for path in args.read},
+        "matches": {name: matches(regexp, path) for name, regexp, path in args.match},
         "keyrings": {path: keyring(path, args.gpg_home) for path in args.keyring},
         "newer": [path for pattern, ref in args.newer for path in newer(pattern, ref)],
         "runs": {name: run(command, args.timeout) for name, command in args.run},
