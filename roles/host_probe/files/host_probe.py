@@ -30,6 +30,11 @@ Arguments, each repeatable, and the key each fills in the output:
 --run NAME COMMAND   "runs": {NAME: {"found", "rc", "stdout", "stderr"}}: COMMAND (split as a
                      shell would, not run by one) where its program is on PATH; found false,
                      rc 127 and a line saying so in stderr where it is not.
+--csv NAME FIELDS    "csv": {NAME: the stdout of --run NAME read as CSV, one object per non-empty
+                     line keyed by FIELDS (comma-separated), each value stripped; a field the
+                     line lacks is null, values past the last field are dropped ([] where no
+                     --run NAME was given)}. For tools that print the fields they are asked for,
+                     in that order (`nvidia-smi --query-gpu=... --format=csv,noheader`).
 --timeout SECONDS    each --run's limit: then SIGTERM, SIGKILL 10 s later; rc 124, or 137 where
                      it had to be killed (as coreutils' `timeout --kill-after=10`).
 """
@@ -37,6 +42,7 @@ Arguments, each repeatable, and the key each fills in the output:
 from __future__ import annotations
 
 import argparse
+import csv
 import glob
 import grp
 import hashlib
@@ -222,6 +228,19 @@ def run(command: str, timeout: float | None) -> dict[str, Any]:
     }
 
 
+def csv_records(text: str, fields: str) -> list[dict[str, str | None]]:
+    """CSV text -> one object per non-empty line, keyed by the comma-separated field names."""
+    names = [name.strip() for name in fields.split(",")]
+    records = []
+    for values in csv.reader(text.splitlines(), skipinitialspace=True):
+        if not values:
+            continue
+        padded: list[str | None] = [v.strip() for v in values[: len(names)]]
+        padded += [None] * (len(names) - len(padded))
+        records.append(dict(zip(names, padded, strict=True)))
+    return records
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="host_probe", description=__doc__.split("\n")[0])
     parser.add_argument("--package", action="append", default=[])
@@ -235,12 +254,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gpg-home")
     parser.add_argument("--newer", nargs=2, action="append", default=[], metavar=("GLOB", "REF"))
     parser.add_argument("--run", nargs=2, action="append", default=[], metavar=("NAME", "COMMAND"))
+    parser.add_argument("--csv", nargs=2, action="append", default=[], metavar=("NAME", "FIELDS"))
     parser.add_argument("--timeout", type=float)
     return parser.parse_args(argv)
 
 
 def probe(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the arguments ask for, keyed as the module docstring says."""
+    runs = {name: run(command, args.timeout) for name, command in args.run}
     return {
         "packages": packages(args.package),
         "units": {name: unit(name) for name in args.unit},
@@ -249,7 +270,11 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         "matches": {name: matches(regexp, path) for name, regexp, path in args.match},
         "keyrings": {path: keyring(path, args.gpg_home) for path in args.keyring},
         "newer": [path for pattern, ref in args.newer for path in newer(pattern, ref)],
-        "runs": {name: run(command, args.timeout) for name, command in args.run},
+        "runs": runs,
+        "csv": {
+            name: csv_records(runs[name]["stdout"], fields) if name in runs else []
+            for name, fields in args.csv
+        },
     }
 
 

@@ -73,6 +73,27 @@ def test_runs_report_exit_status_output_and_a_missing_program(tmp_path: Path) ->
     assert out["contents"] == {str(tmp_path / "none"): None}
 
 
+# The fields of the real capture below, in the order nvidia-smi was asked for them
+# (fixtures/SOURCES.tsv: telegraf's Tesla P4 sample).
+P4_FIELDS = ("fan.speed,memory.total,memory.used,memory.free,pstate,temperature.gpu,name,uuid,"
+             "compute_mode,utilization.gpu,utilization.memory,index,power.draw")
+
+
+def test_csv_reads_a_run_s_lines_into_objects_by_field_name(fixtures_dir: Path) -> None:
+    capture = fixtures_dir / "nvidia-smi-csv" / "tesla-p4-query-gpu-noheader-nounits.csv"
+    out = _probe("--run", "smi", f"cat {capture}", "--csv", "smi", P4_FIELDS,
+                 "--run", "two", "printf '550.90.07, 4\\n\\n550.90.07\\n'",
+                 "--csv", "two", "driver_version,count", "--csv", "never", "a,b")
+    (gpu,) = out["csv"]["smi"]
+    assert (gpu["fan.speed"], gpu["name"], gpu["uuid"], gpu["index"], gpu["power.draw"]) == (
+        "[Not Supported]", "Tesla P4", "GPU-xxx", "0", "0.0")
+    assert len(gpu) == len(P4_FIELDS.split(","))
+    # A blank line is no GPU; a short line's missing field is null, not shifted.
+    assert out["csv"]["two"] == [{"driver_version": "550.90.07", "count": "4"},
+                                 {"driver_version": "550.90.07", "count": None}]
+    assert out["csv"]["never"] == []
+
+
 def test_a_run_past_its_timeout_is_stopped_as_coreutils_timeout_stops_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     probe = _module()
