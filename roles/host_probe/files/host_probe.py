@@ -35,6 +35,10 @@ Arguments, each repeatable, and the key each fills in the output:
                      line lacks is null, values past the last field are dropped ([] where no
                      --run NAME was given)}. For tools that print the fields they are asked for,
                      in that order (`nvidia-smi --query-gpu=... --format=csv,noheader`).
+--sysctl NAME        "sysctls": {NAME: the kernel parameter's value as `sysctl -n NAME` prints it
+                     (/proc/sys/NAME with dots as slashes, the trailing newline dropped; fields
+                     of a multi-value parameter stay tab-separated), or null where it does not
+                     exist or cannot be read}.
 --timeout SECONDS    each --run's limit: then SIGTERM, SIGKILL 10 s later; rc 124, or 137 where
                      it had to be killed (as coreutils' `timeout --kill-after=10`).
 """
@@ -143,6 +147,12 @@ def contents(path: str) -> str | None:
             return f.read()
     except OSError:
         return None
+
+
+def sysctl(name: str) -> str | None:
+    """A kernel parameter's value as ``sysctl -n`` prints it; None where it cannot be read."""
+    text = contents("/proc/sys/" + name.replace(".", "/"))
+    return None if text is None else text.rstrip("\n")
 
 
 def matches(regexp: str, path: str) -> bool:
@@ -255,6 +265,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--newer", nargs=2, action="append", default=[], metavar=("GLOB", "REF"))
     parser.add_argument("--run", nargs=2, action="append", default=[], metavar=("NAME", "COMMAND"))
     parser.add_argument("--csv", nargs=2, action="append", default=[], metavar=("NAME", "FIELDS"))
+    parser.add_argument("--sysctl", action="append", default=[])
     parser.add_argument("--timeout", type=float)
     return parser.parse_args(argv)
 
@@ -270,6 +281,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         "matches": {name: matches(regexp, path) for name, regexp, path in args.match},
         "keyrings": {path: keyring(path, args.gpg_home) for path in args.keyring},
         "newer": [path for pattern, ref in args.newer for path in newer(pattern, ref)],
+        "sysctls": {name: sysctl(name) for name in args.sysctl},
         "runs": runs,
         "csv": {
             name: csv_records(runs[name]["stdout"], fields) if name in runs else []

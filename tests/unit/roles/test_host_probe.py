@@ -155,3 +155,14 @@ def test_newer_names_the_first_file_newer_than_its_reference(tmp_path: Path) -> 
     assert _probe("--newer", str(tmp_path / "*.sources"), str(ref))["newer"] == [str(new)]
     assert _probe("--newer", str(tmp_path / "*.sources"), str(tmp_path / "gone"))["newer"] == [
         str(old)]
+
+
+def test_sysctls_read_as_sysctl_n_prints_them() -> None:
+    """This machine's real kernel parameters, against procps' own `sysctl -n` (a multi-value one
+    among them, tab-separated), and one that does not exist."""
+    names = ["vm.max_map_count", "net.ipv4.ip_local_port_range", "kernel.ostype"]
+    real = subprocess.run(["sysctl", "-n", *names], capture_output=True, text=True, check=True)
+    out = _probe(*(f"--sysctl={n}" for n in names), "--sysctl=gpuready.no_such_parameter")
+    assert out["sysctls"] == {**dict(zip(names, real.stdout.splitlines(), strict=True)),
+                              "gpuready.no_such_parameter": None}
+    assert "\t" in out["sysctls"]["net.ipv4.ip_local_port_range"]
