@@ -79,9 +79,11 @@ lint-tree: $(STAMP_PY) ## the linters that find their files in the checkout: yam
 	$(VENV)/bin/reuse lint --lines
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint -q
 
-lint-code: $(STAMP_PY) ## the linters of the project's Python: ruff, mypy --strict (validate/, tools/)
+lint-code: $(STAMP_PY) ## the linters of the project's Python: ruff, mypy --strict (validate/, tools/, the roles' host probe)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	@# A script the roles run on the hosts, not a package: mypy takes packages or files, not both.
+	$(VENV)/bin/mypy --strict roles/host_probe/files/host_probe.py
 
 unit: $(STAMP_PY) ## unit tests (no root, no lab; the report page test needs chromium: make setup)
 	@# The gate's and drift's tests run the built etcd and kube-apiserver (lab/kube/local.py):

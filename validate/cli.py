@@ -374,8 +374,8 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, doing: list[s
         doing.append("writing the report")
         info = dataclasses.replace(info, finished=runinfo.now_utc())
         report = finish_run(pending, rows, environment=environment, interrupted=control.interrupted,
-                                run_info=info, extras=_extras(rows, nodes, pending, outcome,
-                                                              stderr))
+                                run_info=info, extras=_extras(rows, nodes, pending, info,
+                                                              outcome, stderr))
     except KeyboardInterrupt:
         pending.close()
         stderr.write(f"interrupted: the rows of finished nodes are in {pending.rows_file}; "
@@ -457,14 +457,16 @@ def _run_fabric(
 
 
 def _extras(rows: Sequence[CheckResult], nodes: Sequence[Node], pending: PendingRun,
-            outcome: fabric.FabricOutcome | None, stderr: TextIO) -> ReportExtras:
-    """The capacity and cost view of the run (and the fabric pair table) for its report."""
+            info: runinfo.RunInfo, outcome: fabric.FabricOutcome | None,
+            stderr: TextIO) -> ReportExtras:
+    """The capacity and cost view of the run (and the fabric pair table) for its report, GPUs
+    counted by the profiles its run.json records (``info``)."""
     inputs = cost.inputs_from_nodes(nodes)
     for pool_inputs in inputs.values():
         for problem in pool_inputs.errors:
             stderr.write(f"warning: {pool_inputs.pool}: {problem} (no cost computed)\n")
     extras = cost.report_extras(to_frame(rows), inputs, pending.out_root,
-                                pending.out_root / pending.run_id)
+                                pending.out_root / pending.run_id, info.profiles)
     if outcome is None:
         return extras
     runs = outcome.runs
@@ -511,7 +513,8 @@ def _cmd_fabric(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
     info = dataclasses.replace(info, finished=runinfo.now_utc())
     report = finish_run(pending, list(outcome.rows), environment=environment,
                             interrupted=outcome.interrupted, run_info=info,
-                            extras=_extras(outcome.rows, nodes, pending, outcome, stderr))
+                            extras=_extras(outcome.rows, nodes, pending, info, outcome,
+                                           stderr))
     return _print_result(report, stdout)
 
 
@@ -565,10 +568,12 @@ def _cmd_report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
             f"note: {run_dir} has no {runinfo.RUN_INFO_FILE}: rendered without the run's "
             "environment label, inventory and profiles\n"
         )
-    # The capacity and cost view from the inputs the run recorded (capacity_inputs.json); a run
-    # rendered without the view (no such file) is rendered again without it.
+    # The capacity and cost view from the inputs and profiles the run recorded
+    # (capacity_inputs.json, run.json); a run rendered without the view (no such file) is
+    # rendered again without it.
     inputs = cost.read_inputs(run_dir)
-    extras = (cost.report_extras(df, inputs, run_dir.parent, run_dir) if inputs is not None
+    extras = (cost.report_extras(df, inputs, run_dir.parent, run_dir,
+                                 info.profiles if info else ()) if inputs is not None
               else None)
     report = write_report(
         df,

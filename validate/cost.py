@@ -3,7 +3,10 @@ what is out and why, how long it has been out, and what an accepted GPU-hour cos
 
 Per pool, from one run's results (and the runs before it in the same reports directory):
 
-- GPUs declared: the run's nodes of the pool x their profile's GPU count.
+- GPUs declared: the run's nodes of the pool x their profile's GPU count, read from the
+  profiles the run recorded in its run.json (validate/runinfo.py's ``profiles``): the profile
+  the checks judged each node against, not the shipped file as it reads today. A node the run
+  recorded no loaded profile for is listed, its GPUs not counted.
 - GPUs accepted: GPUs of nodes whose rows all pass (warnings and skips allowed), the rule of
   the exit code (the gate's rule); every GPU of a node with a fail or error row is out.
 - GPUs out, per node with its fault codes (the codes of its fail/error rows).
@@ -39,9 +42,8 @@ from __future__ import annotations
 import html as html_lib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +52,8 @@ import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 from validate import runinfo
 from validate.inventory import Node
 from validate.model import Status
-from validate.profiles import ProfileError, load_profile
 from validate.results import ReportExtras
+from validate.runinfo import ProfileUse
 
 VAR = "gpuready_cost"
 COMPONENTS = ("compute", "network", "storage", "support", "idle", "failed_runs", "operations")
@@ -190,13 +192,21 @@ class PoolCapacity:
     notes: tuple[str, ...]
 
 
-@lru_cache(maxsize=64)
-def profile_gpu_count(profile: str) -> int | None:
-    """GPUs per node of a shipped profile; None when it cannot be read."""
-    try:
-        return load_profile(profile).hardware.gpu_count
-    except ProfileError:
-        return None
+def gpus_per_node(profiles: Sequence[ProfileUse]) -> dict[str, int | str]:
+    """Each node's GPU count from the profiles a run recorded (``RunInfo.profiles``), or why
+    there is none: the error of a profile that could not be loaded, or a hardware record
+    without a GPU count."""
+    out: dict[str, int | str] = {}
+    for use in profiles:
+        count = use.hardware.get("gpu_count")
+        if use.error is not None:
+            why: int | str = f"profile {use.name} could not be loaded ({use.error})"
+        elif isinstance(count, bool) or not isinstance(count, int):
+            why = f"profile {use.name} as recorded has no GPU count"
+        else:
+            why = count
+        out.update(dict.fromkeys(use.nodes, why))
+    return out
 
 
 def _node_status(df: pd.DataFrame) -> pd.DataFrame:
@@ -259,11 +269,13 @@ def capacity(
     df: pd.DataFrame,
     inputs: Mapping[str, PoolCostInputs] | None,
     past: pd.DataFrame | None = None,
-    gpu_count: Callable[[str], int | None] = profile_gpu_count,
+    profiles: Sequence[ProfileUse] = (),
 ) -> list[PoolCapacity]:
-    """The view for one run's results ``df`` (the report's long table)."""
+    """The view for one run's results ``df`` (the report's long table), each node's GPUs
+    counted by the profile the run recorded for it (``profiles``, run.json's)."""
     if df.empty:
         return []
+    counts = gpus_per_node(profiles)
     nodes = _node_status(df)
     now = str(df["time"].max())
     past = past if past is not None else pd.DataFrame(columns=["node", "out", "time"])
@@ -273,9 +285,10 @@ def capacity(
         declared = accepted = 0
         down: list[NodeOut] = []
         for name, row in group.iterrows():
-            gpus = gpu_count(str(row["profile"]))
-            if gpus is None:
-                notes.append(f"{name}: profile {row['profile']} unknown, its GPUs not counted")
+            gpus = counts.get(str(name), f"the run recorded no profile for it (profile "
+                                         f"{row['profile']} in its rows)")
+            if isinstance(gpus, str):
+                notes.append(f"{name}: {gpus}, its GPUs not counted")
                 continue
             declared += gpus
             if not row["out"]:
@@ -307,14 +320,14 @@ def capacity(
 
 def for_run(
     df: pd.DataFrame, inputs: Mapping[str, PoolCostInputs] | None, reports_root: Path,
-    run_dir: Path,
+    run_dir: Path, profiles: Sequence[ProfileUse],
 ) -> list[PoolCapacity]:
     """The view of the run in ``run_dir`` (which may not exist yet), with the history of the
-    other runs in ``reports_root``."""
+    other runs in ``reports_root`` and the profiles the run recorded."""
     if df.empty:
         return []
     past = history(reports_root, str(df["time"].max()), exclude=run_dir)
-    return capacity(df, inputs, past)
+    return capacity(df, inputs, past, profiles)
 
 
 def write_files(run_dir: Path, inputs: Mapping[str, PoolCostInputs] | None,
@@ -412,10 +425,11 @@ def html(pools: Sequence[PoolCapacity]) -> str:
 
 
 def report_extras(df: pd.DataFrame, inputs: Mapping[str, PoolCostInputs] | None,
-                  reports_root: Path, run_dir: Path) -> ReportExtras:
+                  reports_root: Path, run_dir: Path,
+                  profiles: Sequence[ProfileUse]) -> ReportExtras:
     """The view of one run as report sections and files (summary.md, index.html, metrics.prom,
-    capacity.csv, capacity_inputs.json)."""
-    pools = for_run(df, inputs, reports_root, run_dir)
+    capacity.csv, capacity_inputs.json); ``profiles``: those the run recorded (run.json)."""
+    pools = for_run(df, inputs, reports_root, run_dir, profiles)
     return ReportExtras(markdown=markdown(pools), html=html(pools), metrics=prometheus(pools),
                         write_files=lambda target: write_files(target, inputs, pools))
 

@@ -1,16 +1,16 @@
-"""gpu_kernel_prereqs' swap lines: the probe's grep and the replace task agree.
+"""gpu_kernel_prereqs' swap lines: the probe's match and the replace task agree.
 
-The role runs "Disable swap at boot" only where its probe's ``grep`` finds a swap line in
-/etc/fstab. So the grep must find every line the task's regexp would comment out (or a
+The role runs "Disable swap at boot" only where its probe (roles/host_probe) finds a swap line
+in /etc/fstab. So the probe must find every line the task's regexp would comment out (or a
 converged host would keep its swap entries), and nothing once the task has run (or every
-converge would run it again). Both patterns are read from the role's files; the task's is
-run by ansible-core's own ``replace`` module, the probe's by the system's GNU grep.
+converge would run it again). Both use the role's one regexp
+(``_gpu_kernel_prereqs_fstab_swap_regexp``); the task's is run by ansible-core's own
+``replace`` module, the probe's by the host probe script, each as the role runs it.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +21,7 @@ import yaml
 from tests.conftest import REPO_ROOT
 
 ROLE = REPO_ROOT / "roles" / "gpu_kernel_prereqs"
+PROBE = REPO_ROOT / "roles" / "host_probe" / "files" / "host_probe.py"
 TASK = "Disable swap at boot (comment out fstab swap entries)"
 
 # Debian's installer writes the swap line with blanks between fields, tabs in older releases.
@@ -38,21 +39,26 @@ proc /proc proc defaults 0 0
 SWAP_LINES = {4, 5, 6}  # 0-based: the three uncommented swap entries
 
 
+def _regexp() -> str:
+    regexp: str = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())[
+        "_gpu_kernel_prereqs_fstab_swap_regexp"]
+    return regexp
+
+
 def _task() -> dict[str, str]:
     tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
-    return next(t for t in tasks if t.get("name") == TASK)["ansible.builtin.replace"]
-
-
-def _grep_pattern() -> str:
-    script = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())[
-        "_gpu_kernel_prereqs_probe_script"]
-    return re.search(r"^swap='([^']+)'$", script, re.MULTILINE)[1]  # type: ignore[index]
+    args: dict[str, str] = next(
+        t for t in tasks if t.get("name") == TASK)["ansible.builtin.replace"]
+    assert args["regexp"] == "{{ _gpu_kernel_prereqs_fstab_swap_regexp }}"
+    return {**args, "regexp": _regexp()}
 
 
 def _grep_finds(path: Path) -> bool:
-    rc = subprocess.run(["grep", "-Eq", _grep_pattern(), str(path)], check=False).returncode
-    assert rc in (0, 1), f"grep failed (rc {rc}): is the pattern valid ERE?"
-    return rc == 0
+    """The host probe's --match, run as the role's raw task runs it."""
+    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), "--match", "fstab-swap",
+                          _regexp(), str(path)], capture_output=True, text=True, check=True)
+    found: bool = json.loads(out.stdout)["matches"]["fstab-swap"]
+    return found
 
 
 def _replace(path: Path, tmp_path: Path) -> dict[str, object]:

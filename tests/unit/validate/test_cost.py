@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -12,8 +13,10 @@ from validate import cost, history, runinfo
 from validate.cli import main
 from validate.drift import report as drift_report
 from validate.model import CheckResult, ExitCode, Status
+from validate.profiles import load_profile
 from validate.report import write_report
 from validate.results import to_frame
+from validate.runinfo import ProfileUse
 
 T0 = pd.Timestamp("2026-03-01T00:00:00+00:00")
 
@@ -62,6 +65,24 @@ INPUTS = {
 NOW = {"gpu-1": OK, "gpu-2": OK, "gpu-3": WARN, "gpu-4": BAD}
 
 
+def _recorded(nodes: tuple[str, ...] = tuple(NOW), name: str = "h100-sxm5-80gb-8x",
+              **hardware: object) -> ProfileUse:
+    """A profile as run.json records it (runinfo.profiles_used): the shipped one's hardware,
+    with ``hardware`` changed where given (a site's edited copy)."""
+    p = load_profile(name)
+    return ProfileUse(name, p.source, None, {**dataclasses.asdict(p.hardware), **hardware}, {},
+                      p.thresholds, ("pool_h100",), nodes)
+
+
+# The worked example's profile as its run recorded it: 8 GPUs per node.
+H100 = (_recorded(),)
+
+
+def _info(run_id: str, hours: float, profiles: tuple[ProfileUse, ...] = H100) -> runinfo.RunInfo:
+    return runinfo.RunInfo(run_id, None, "/inventory", None, None, ("gpu.count",), len(NOW),
+                           profiles, "0", None, None, _at(hours))
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A reports directory holding the example's earlier runs (and one after it)."""
@@ -79,7 +100,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_worked_example(reports: Path):
     df = to_frame(_rows("now", 12, NOW))
     inputs = {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)}
-    (pool,) = cost.for_run(df, inputs, reports, reports / "now")
+    (pool,) = cost.for_run(df, inputs, reports, reports / "now", H100)
     assert (pool.nodes, pool.gpus_declared, pool.gpus_accepted, pool.gpus_out) == (4, 32, 24, 8)
     (out,) = pool.out
     assert (out.node, out.gpus, out.codes) == ("gpu-4", 8, ("fabric.nccl_pair.low_busbw",))
@@ -105,14 +126,15 @@ def test_the_worked_example(reports: Path):
 
 def test_a_failure_that_starts_now_has_lost_nothing_yet(tmp_path: Path):
     df = to_frame(_rows("first", 0, NOW))
-    (pool,) = cost.for_run(df, {}, tmp_path, tmp_path / "first")
+    (pool,) = cost.for_run(df, {}, tmp_path, tmp_path / "first", H100)
     assert pool.out[0].since == _at(0) and pool.gpu_hours_lost == 0.0
 
 
 def test_missing_inputs_are_named_and_nothing_is_invented():
     df = to_frame(_rows("now", 12, NOW))
     partial = {k: v for k, v in INPUTS.items() if k not in ("support", "idle")}
-    (pool,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", partial)})
+    (pool,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", partial)},
+                            profiles=H100)
     assert pool.missing == ("support", "idle")
     assert pool.cost_per_hour is None and pool.cost_per_accepted_gpu_hour is None
     assert pool.gpus_accepted == 24  # capacity still counted: it needs no cost input
@@ -122,7 +144,8 @@ def test_missing_inputs_are_named_and_nothing_is_invented():
     prom = cost.prometheus([pool])
     assert 'gpuready_pool_cost_input_missing{pool="pool_h100",input="support"} 1' in prom
     assert "gpuready_pool_cost_per_accepted_gpu_hour" not in prom
-    (none,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", None)})
+    (none,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", None)},
+                            profiles=H100)
     assert none.missing == ("currency", *cost.COMPONENTS)
     assert "no cost inputs (gpuready_cost is not set for this pool)" in cost.markdown([none])
 
@@ -139,14 +162,16 @@ def test_missing_inputs_are_named_and_nothing_is_invented():
 def test_malformed_inputs_are_named(raw: object, problem: str):
     parsed = cost.parse_inputs("pool_h100", raw)
     assert not parsed.complete and any(problem in e for e in parsed.errors), parsed.errors
-    (pool,) = cost.capacity(to_frame(_rows("now", 0, NOW)), {"pool_h100": parsed})
+    (pool,) = cost.capacity(to_frame(_rows("now", 0, NOW)), {"pool_h100": parsed},
+                            profiles=H100)
     assert pool.cost_per_accepted_gpu_hour is None
     assert problem.split(" must", maxsplit=1)[0] in cost.markdown([pool])
 
 
 def test_no_accepted_gpu_means_no_cost_per_accepted_gpu_hour():
     df = to_frame(_rows("now", 0, {"gpu-1": BAD, "gpu-2": BAD}))
-    (pool,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)})
+    (pool,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)},
+                            profiles=H100)
     assert pool.gpus_accepted == 0 and pool.cost_per_accepted_gpu_hour is None
     assert pool.cost_per_hour == pytest.approx(2.0 * 16 + 10 + 5 + 1 + 0.25 * 16 + 2 + 4)
     assert "not defined" in cost.markdown([pool])
@@ -155,8 +180,8 @@ def test_no_accepted_gpu_means_no_cost_per_accepted_gpu_hour():
 def test_report_carries_the_section_and_renders_it_again(reports: Path):
     df = to_frame(_rows("now", 12, NOW))
     inputs = {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)}
-    report = write_report(df, reports, "now",
-                          extras=cost.report_extras(df, inputs, reports, reports / "now"))
+    report = write_report(df, reports, "now", run_info=_info("now", 12),
+                          extras=cost.report_extras(df, inputs, reports, reports / "now", H100))
     page = (report.run_dir / "index.html").read_text()
     assert 'id="capacity"' in page and "USD 3.92" in page
     summary = (report.run_dir / "summary.md").read_text()
@@ -173,6 +198,40 @@ def test_report_carries_the_section_and_renders_it_again(reports: Path):
     assert (report.run_dir / "metrics.prom").read_text() == metrics
     assert (report.run_dir / "index.html").read_text() == page
 
+
+def test_gpus_are_counted_by_the_profile_the_run_recorded(tmp_path: Path):
+    """The run judged its nodes against a 4-GPU copy of h100-sxm5-80gb-8x (a site's edited
+    profile; the shipped file says 8): its cost view, and `validate report` rendering it again
+    later, count the 4 GPUs run.json records, not what the shipped file reads today."""
+    root = tmp_path / "reports"
+    df = to_frame(_rows("r", 12, NOW))
+    four = (_recorded(gpu_count=4),)
+    inputs = {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)}
+    report = write_report(df, root, "r", run_info=_info("r", 12, four),
+                          extras=cost.report_extras(df, inputs, root, root / "r", four))
+    (report.run_dir / "capacity.csv").unlink()
+    main(["report", str(report.run_dir)], io.StringIO(), io.StringIO())
+    table = pd.read_csv(report.run_dir / "capacity.csv")
+    assert (table.loc[0, "gpus_declared"], table.loc[0, "gpus_accepted"],
+            table.loc[0, "gpus_out"]) == (16, 12, 4)
+    assert table.loc[0, "cost_per_hour"] == pytest.approx(2.0 * 16 + 10 + 5 + 1 + 0.25 * 16 + 2 + 4)
+
+
+def test_a_node_without_a_recorded_profile_is_named_and_its_gpus_not_counted():
+    df = to_frame(_rows("now", 12, NOW))
+    broken = ProfileUse("h100-sxm5-80gb-8x", "inventory", None, {}, {}, {}, ("pool_h100",),
+                        ("gpu-2",), error="thresholds.nccl: not a mapping")
+    profiles = (_recorded(("gpu-1", "gpu-4")), broken)
+    (pool,) = cost.capacity(df, {"pool_h100": cost.parse_inputs("pool_h100", INPUTS)},
+                            profiles=profiles)
+    assert (pool.gpus_declared, pool.gpus_accepted, pool.gpus_out) == (16, 8, 8)
+    assert pool.notes == (
+        "gpu-2: profile h100-sxm5-80gb-8x could not be loaded (thresholds.nccl: not a mapping), "
+        "its GPUs not counted",
+        "gpu-3: the run recorded no profile for it (profile h100-sxm5-80gb-8x in its rows), "
+        "its GPUs not counted")
+    (none,) = cost.capacity(df, {}, profiles=())  # a run without run.json: nothing is guessed
+    assert none.gpus_declared == 0 and len(none.notes) == 4
 
 
 def test_a_drift_run_between_two_failing_validation_runs_changes_no_streak(tmp_path: Path):
@@ -199,7 +258,7 @@ def test_a_drift_run_between_two_failing_validation_runs_changes_no_streak(tmp_p
     assert [runinfo.run_kind(root / r) for r in ("v0", "d1", "d2", "v3")] == [
         "validation", "drift", "drift", "validation"]
     df = to_frame(_rows("now", 5, {"gpu-4": BAD}))
-    (pool,) = cost.for_run(df, {}, root, root / "now")
+    (pool,) = cost.for_run(df, {}, root, root / "now", H100)
     (out,) = pool.out
     assert out.since == _at(0)  # not after d2: the drift runs did not accept the node
     assert out.gpu_hours_lost == pool.gpu_hours_lost == 5 * 8.0
