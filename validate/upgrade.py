@@ -269,20 +269,14 @@ def read_versions(node: Node, timeout_s: float, accept_unknown_host_keys: bool
 def versions_from(node: Node, seen: probes.NodeProbe) -> tuple[list[str], str]:
     """(what differs from the pins, why the node could not be read) from drift's probes: the
     kernel and driver findings, then the package pins (DCGM, containerd, the container toolkit,
-    Kubernetes) against the node's dpkg database. A node that pins a driver but whose driver
-    version could be read neither from the library nor from the loaded module, or that has
-    package pins and a dpkg database that could not be read, is unreadable, never "at the
-    pins"."""
+    Kubernetes) against the node's dpkg database. A node whose driver version could not be
+    read (drift's ``driver`` error finding), or that has package pins and a dpkg database that
+    could not be read, is unreadable, never "at the pins"."""
     if seen.unreachable:
         return [], seen.unreachable
     versions = [f for f in seen.findings if f.layer is Layer.VERSIONS]
     errors = [f"{f.item}: {f.detail or f.actual}" for f in versions
               if f.status is not FindingStatus.DRIFT]
-    if (node.desired.pins.driver_version and not seen.driver_library
-            and not seen.driver_module):
-        errors.append("driver: neither the library (the package owning nvidia-smi) nor the "
-                      "loaded module's version could be read"
-                      + (f" ({seen.smi_problem})" if seen.smi_problem else ""))
     try:
         package_pins = pins.package_pins(node)
     except pins.PinError as exc:

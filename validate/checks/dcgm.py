@@ -104,7 +104,7 @@ class DcgmDiag(Check):
         result = ctx.run(argv, timeout, cached=False, tool="dcgmi")
         check_result(result, "dcgmi")
         if result.rc == 127:
-            if ctx.node.vars.get(DCGM_PIN) is None:
+            if ctx.node.desired.pins.dcgm_version is None:
                 return [Verdict("", Status.SKIP, "ok", f"DCGM is not installed and the "
                                                        f"inventory sets no {DCGM_PIN}")]
             raise ToolFailure(CODE_NOT_FOUND, f"dcgmi: command not found on the node, whose "

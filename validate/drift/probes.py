@@ -193,6 +193,13 @@ class Prober:
         if pin and module and module != pin:
             self.finding(Layer.VERSIONS, "driver module", pin, module,
                          source=MODULE_VERSION if module else "nvidia-smi -q -x")
+        if pin and not library and not module:
+            # Nothing to compare with the pin: never a silent "at the pin".
+            self.finding(Layer.VERSIONS, "driver", pin, "unreadable", FindingStatus.ERROR,
+                         "neither the library (the package owning nvidia-smi) nor the loaded "
+                         "module's version could be read" + (f" ({problem})" if problem else ""),
+                         source=f"dpkg-query --search {NVSMI_PATH}; {MODULE_VERSION}; "
+                         "nvidia-smi -q -x")
         if _MISMATCH.search(problem):
             nvml = _NVML_LIBRARY.search(problem)
             actual = (f"module {module or 'unknown'}, library {library or 'unknown'}"

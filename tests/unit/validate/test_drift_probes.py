@@ -94,6 +94,20 @@ def test_mismatch_missing_runtime_inactive_unit_missing_module(fixtures_dir: Pat
     assert p.smi is None and p.busy is None and "cannot tell" in p.busy_problem
 
 
+def test_a_pinned_driver_that_cannot_be_read_is_an_error_not_silence(fixtures_dir: Path) -> None:
+    """No package owns nvidia-smi, no module version, nvidia-smi not found: without a version
+    to compare, drift says so rather than reporting nothing (as if at the pin)."""
+    p = _probe(fixtures_dir, over={
+        ("dpkg-query", "--search"): _out("dpkg-query: no path found matching pattern\n", rc=1),
+        ("cat", probes.MODULE_VERSION): _out("", rc=1),
+        ("nvidia-smi", "-q", "-x"): _out("sh: 1: nvidia-smi: not found\n", rc=127)})
+    driver = [f for f in p.findings if f.item == "driver"]
+    assert [(f.layer.value, f.declared, f.actual, f.status) for f in driver] == [
+        ("versions", "535.54.03", "unreadable", FindingStatus.ERROR)]
+    assert "nvidia-smi exited 127" in driver[0].detail
+    assert not [f for f in _probe(fixtures_dir).findings if f.item == "driver"]  # readable
+
+
 def test_container_skips_kernel_modules_and_kernel_pin(fixtures_dir: Path) -> None:
     p = _probe(fixtures_dir, over={("systemd-detect-virt",): _out("systemd-nspawn\n"),
                                    ("ls", "-1", "/sys/module"): _out("")})
