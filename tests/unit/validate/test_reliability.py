@@ -515,7 +515,10 @@ def test_a_node_that_stops_answering_costs_one_timeout_and_exits_3(
     assert any("--query-compute-apps" in s for s in sent), sent
     print(f"\nnode that stopped answering: reported in {took:.1f} s (timeout {timeout_s:g} s, "
           f"probe {step_s:g} s, backstop {backstop_s:g} s)", file=sys.__stderr__)
-    assert took < timeout_s + backstop_s + step_s + 2, took
+    # One timeout of time, not one per check (1,056 s before): a bound that tells the two
+    # apart with room for a loaded CI machine (10.7 s seen beside the lab tests on 2 cores,
+    # where the bound was 10 s); the commands sent above are the exact proof.
+    assert took < 3 * (timeout_s + backstop_s + step_s), took
 
 
 def test_peers_that_never_speak_ssh_leave_stderr_quiet(tmp_path: Path,
