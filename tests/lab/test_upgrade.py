@@ -47,6 +47,7 @@ STATE, DETAIL = f"{PREFIX}/upgrade-state", f"{PREFIX}/upgrade-detail"
 UPGRADING_TASK = "Record that the node is being upgraded"
 DRAIN_TASK = "Drain the node (cordon, taint, evict through the Eviction API)"
 APP = "workers"  # the Deployment (one Pod per node) and its PodDisruptionBudget
+POOL = {"upgrade_limit": "pool_h100_sxm"}  # the roll of one named pool, as the README runs it
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +174,8 @@ def test_the_dry_run_lists_batches_and_drains_and_changes_nothing(lab: Cluster) 
     assert {driver(lab, h) for h in NODES} == {OLD}
     set_pin(lab, NEW)
     before, patches, boots0 = nodes(lab), lab.admin_patches(), {h: boots(lab, h) for h in NODES}
-    run = lab.playbook("upgrade.yml", cmdline="--check", label="upgrade.yml --check")
+    run = lab.playbook("upgrade.yml", extravars=POOL, cmdline="--check",
+                       label="upgrade.yml --check")
     assert run.rc == 0, {h: run.failures(h) for h in NODES}
     lines = plan_lines(run)
     assert lines[0] == ("upgrade plan: 4 of 4 node(s) to upgrade in 4 batch(es) (serial 1); "
@@ -207,7 +209,7 @@ def test_a_fault_during_the_roll_keeps_the_node_out_and_stops_the_roll(lab: Clus
 
     pods = pods_on(lab)
     with fewest_ready(lab) as fewest:
-        run = lab.playbook("upgrade.yml", label="roll (node3 faulted)",
+        run = lab.playbook("upgrade.yml", extravars=POOL, label="roll (node3 faulted)",
                            event_handler=fault_node3)
     assert run.rc != 0
     assert fewest[0] >= len(NODES) - 1, fewest  # the PDB held: one Pod missing at a time
@@ -262,7 +264,8 @@ def test_an_interrupted_roll_resumes_and_skips_the_nodes_at_the_pin(lab: Cluster
         return True
 
     with fewest_ready(lab) as fewest:
-        run = lab.playbook("upgrade.yml", label="roll (interrupted after node4's drain)",
+        run = lab.playbook("upgrade.yml", extravars=POOL,
+                           label="roll (interrupted after node4's drain)",
                            event_handler=watch, cancel_callback=lambda: "node4" in drained)
     assert run.rc != 0
     assert fewest[0] >= len(NODES) - 1, fewest
@@ -277,7 +280,7 @@ def test_an_interrupted_roll_resumes_and_skips_the_nodes_at_the_pin(lab: Cluster
     # The next roll picks node4 up where it stopped; node1-3 are not drained or patched.
     before = nodes(lab)
     with fewest_ready(lab) as fewest:
-        run = lab.playbook("upgrade.yml", label="roll (resumed)")
+        run = lab.playbook("upgrade.yml", extravars=POOL, label="roll (resumed)")
     assert run.rc == 0, {h: run.failures(h) for h in NODES}
     assert fewest[0] >= len(NODES) - 1, fewest
     assert order(run, DRAIN_TASK) == ["node4"]
@@ -292,7 +295,7 @@ def test_an_interrupted_roll_resumes_and_skips_the_nodes_at_the_pin(lab: Cluster
 
 def test_a_roll_with_nothing_to_do_changes_nothing(lab: Cluster) -> None:
     before, patches, pods = nodes(lab), lab.admin_patches(), pods_on(lab)
-    run = lab.playbook("upgrade.yml", label="roll (nothing to do)")
+    run = lab.playbook("upgrade.yml", extravars=POOL, label="roll (nothing to do)")
     assert run.rc == 0
     assert plan_lines(run)[0] == ("upgrade plan: 0 of 4 node(s) to upgrade in 0 batch(es) "
                                   "(serial 1); 4 at the pins; 0 unreadable")
