@@ -76,10 +76,6 @@ class NodeProbe:
     busy_problem: str = ""
     container: str | None = None
     unreachable: str = ""
-    # The driver versions read ("" where they could not be): the user-space library and the
-    # loaded kernel module.
-    driver_library: str = ""
-    driver_module: str = ""
 
 
 class Prober:
@@ -182,7 +178,6 @@ class Prober:
         pin = self.node.desired.pins.driver_version or ""
         library = self._library_version()
         module = self._module_version()
-        self.out.driver_library, self.out.driver_module = library, module
         problem = self.out.smi_problem
         if _NO_DRIVER.search(problem):
             self.finding(Layer.RUNTIME, "module nvidia", "loaded", "not loaded",
