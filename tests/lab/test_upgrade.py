@@ -151,13 +151,22 @@ def pods_on(cluster: Cluster) -> dict[str, str]:
 @contextmanager
 def fewest_ready(cluster: Cluster) -> Iterator[list[int]]:
     """Counts the Deployment's Ready Pods every half second while the block runs; yields a list
-    whose one item is the fewest seen (the PDB allows one of four to be missing)."""
+    whose one item is the fewest seen (the PDB allows one of four to be missing). A read that
+    fails stops the watch and fails the test: an unwatched roll proves nothing."""
     seen = [len(NODES)]
+    reads: list[int] = []
+    errors: list[BaseException] = []
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.is_set():
-            seen[0] = min(seen[0], len(kube_pods.ready_pods(cluster.kubeconfig, APP)))
+            try:
+                ready = len(kube_pods.ready_pods(cluster.kubeconfig, APP))
+            except BaseException as exc:  # reported by the test below
+                errors.append(exc)
+                return
+            reads.append(ready)
+            seen[0] = min(seen[0], ready)
             stop.wait(0.5)
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -167,6 +176,8 @@ def fewest_ready(cluster: Cluster) -> Iterator[list[int]]:
     finally:
         stop.set()
         thread.join()
+    assert not errors, f"the Ready-Pod watch failed: {errors[0]!r}"
+    assert reads, "the Ready-Pod watch read nothing"
 
 
 def test_the_dry_run_lists_batches_and_drains_and_changes_nothing(lab: Cluster) -> None:
