@@ -98,7 +98,12 @@ def package_pins(node: Node) -> tuple[PackagePin, ...]:
     return tuple(pins)
 
 
-def _state(pkg: DpkgPackage | None) -> str:
+def gone(pkg: DpkgPackage | None) -> bool:
+    """dpkg has no such package, or only its configuration files (what ``apt remove`` leaves)."""
+    return pkg is None or pkg.state in _GONE
+
+
+def installed_state(pkg: DpkgPackage | None) -> str:
     """The version dpkg has, ``absent``, or the version with dpkg's unfinished state
     (``1.37.2-1.1 (half-configured)``): a failed install is not the pin."""
     if pkg is None or pkg.state in _GONE:
@@ -116,9 +121,9 @@ def differences(pin: PackagePin, installed: Mapping[str, DpkgPackage]) -> list[s
         if "*" in name:
             found = [p for n, p in installed.items()
                      if fnmatch.fnmatchcase(n, name) and p.state not in _GONE]
-            states = [(p.name, _state(p)) for p in found] or [(name, ABSENT)]
+            states = [(p.name, installed_state(p)) for p in found] or [(name, ABSENT)]
         else:
-            states = [(name, _state(installed.get(name)))]
+            states = [(name, installed_state(installed.get(name)))]
         for package, state in states:
             if state != pin.version:
                 seen.setdefault(state, []).append(package)

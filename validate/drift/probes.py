@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from validate.checks.base import NodeContext, ToolFailure
 from validate.checks.gpu import NVSMI_XML
 from validate.checks.node import KUBELET, KUBELET_KUBECONFIG, expected_units
+from validate.drift import pins
 from validate.drift.config import PackageTask
 from validate.drift.declared import as_bool, as_list, declared
 from validate.drift.model import Finding, FindingStatus, Layer
@@ -344,18 +345,19 @@ def package_findings(node: str, pool: str, tasks: Sequence[PackageTask],
             if installed is None:
                 break
             pkg = installed.get(name)
-            have = pkg.version if pkg is not None and pkg.installed else None
-            state = "" if pkg is None or pkg.installed or pkg.state == "not-installed" else (
-                f" ({pkg.state})")
+            # What dpkg has, as the upgrade plan says it: the version, "absent", or the
+            # version with dpkg's unfinished state ("1.37.2-1.1 (half-configured)").
+            have = pins.installed_state(pkg)
             if version is None:
-                if have is not None:
-                    out.append(Finding(node, pool, Layer.VERSIONS, f"package {name}", "absent",
-                                       have, FindingStatus.DRIFT, "", source))
-                    found += 1
-            elif have is None or (version and have != version):
+                drifted = not pins.gone(pkg)
+            elif version:
+                drifted = have != version
+            else:  # any version, but installed and configured
+                drifted = pkg is None or have != pkg.version
+            if drifted:
                 out.append(Finding(node, pool, Layer.VERSIONS, f"package {name}",
-                                   version or "installed",
-                                   (have or "absent") + state, FindingStatus.DRIFT, "", source))
+                                   pins.ABSENT if version is None else version or "installed",
+                                   have, FindingStatus.DRIFT, "", source))
                 found += 1
         if task.changed and not found:
             out.append(Finding(node, pool, Layer.VERSIONS, f"{task.role}: {task.task}",

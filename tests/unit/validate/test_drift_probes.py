@@ -213,3 +213,25 @@ def test_a_failing_tool_costs_only_its_own_probe(fixtures_dir: Path) -> None:
     assert errors == [("runtime", "services", "tool.timeout")]
     # the probes after it still ran
     assert ("runtime", "persistence mode") in _items(p)
+
+
+def test_a_package_dpkg_did_not_finish_is_drift_with_its_version_and_state(
+        fixtures_dir: Path) -> None:
+    """A real dpkg database in which kubelet's postinst failed (half-configured at the pinned
+    version): drift says what dpkg has, as the upgrade plan does, not "absent"."""
+    from validate.parsers import dpkg_query  # noqa: PLC0415
+
+    installed = dpkg_query.parse(
+        (fixtures_dir / "dpkg-query/dpkg-1.21.22-debian12-kubelet-half-configured-held.txt")
+        .read_text())
+    tasks = [PackageTask("kubelet", "Install", {"kubelet": "1.37.2-1.1", "kubeadm": "1.37.2-1.1",
+                                                "kubectl": ""}, True, "Inst ...")]
+    got = {f.item: (f.declared, f.actual) for f in
+           probes.package_findings("n1", "p", tasks, installed)}
+    assert got == {"package kubelet": ("1.37.2-1.1", "1.37.2-1.1 (half-configured)")}
+    # Wanted gone: a package dpkg still lists as half-configured is not gone.
+    gone = [PackageTask("x", "Absent", {"kubelet": None, "kubeadm": None}, False, "")]
+    assert [(f.item, f.declared, f.actual) for f in
+            probes.package_findings("n1", "p", gone, installed)] == [
+        ("package kubelet", "absent", "1.37.2-1.1 (half-configured)"),
+        ("package kubeadm", "absent", "1.37.2-1.1")]
