@@ -7,7 +7,8 @@ file, so the client under test keeps host key checking on. The server side is pa
 ``sh -c <command>`` in a new session with its stdin connected to the channel, and the
 command's stdin is closed when the client's channel goes away (sshd sends no SIGHUP to a command
 without a pty; what the command does about that EOF is the client's business). A pty request
-is granted but no pty is made.
+is granted but no pty is made. A direct-tcpip channel (``ssh -J``: the endpoint as a jump host)
+is forwarded to its destination over TCP, as sshd forwards it.
 
 Behaviours (``Endpoint.behaviour``), in the order a conversation meets them:
 
@@ -183,6 +184,7 @@ class _Session(paramiko.ServerInterface):
         self.ep = ep
         self.commands: dict[int, str] = {}
         self.exec_ready: dict[int, threading.Event] = {}
+        self.forwards: dict[int, tuple[str, int]] = {}  # direct-tcpip channels: destination
 
     def _hold(self) -> None:
         self.server.stopping.wait()
@@ -206,6 +208,16 @@ class _Session(paramiko.ServerInterface):
         self.exec_ready[chanid] = threading.Event()
         return paramiko.OPEN_SUCCEEDED if kind == "session" else (
             paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED)
+
+    def check_channel_direct_tcpip_request(self, chanid: int, origin: tuple[str, int],
+                                           destination: tuple[str, int]) -> int:
+        # A jump host (ssh -J): the channel is a TCP connection the server makes to
+        # ``destination``, as sshd makes it (open_stall holds this open request too).
+        self.server.event(self.ep, "direct_tcpip", destination=list(destination))
+        if self.ep.behaviour == "open_stall":
+            self._hold()
+        self.forwards[chanid] = (str(destination[0]), int(destination[1]))
+        return paramiko.OPEN_SUCCEEDED
 
     def check_channel_pty_request(self, channel: paramiko.Channel, term: bytes, width: int,
                                   height: int, pixelwidth: int, pixelheight: int,
@@ -373,6 +385,11 @@ class HostileSSHServer:
                 chan = transport.accept(0.5)
                 if chan is None:
                     continue
+                if chan.get_id() in session.forwards:
+                    threading.Thread(target=self._forward,
+                                     args=(ep, chan, session.forwards[chan.get_id()]),
+                                     daemon=True).start()
+                    continue
                 threading.Thread(target=self._channel, args=(ep, session, chan, wrapped, conn),
                                  daemon=True).start()
         finally:
@@ -401,6 +418,35 @@ class HostileSSHServer:
                 with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
                     chan.close()
             self.event(ep, "channel_closed", command=command)
+
+    def _forward(self, ep: Endpoint, chan: paramiko.Channel, destination: tuple[str, int]
+                 ) -> None:
+        """A direct-tcpip channel: bytes both ways between it and a TCP connection to
+        ``destination``, until either side ends (then both are closed, as sshd does)."""
+        try:
+            peer = socket.create_connection(destination, timeout=5)
+        except OSError:
+            chan.close()
+            return
+        peer.settimeout(None)
+
+        def to_peer() -> None:
+            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                while data := chan.recv(65536):
+                    peer.sendall(data)
+            with contextlib.suppress(OSError):
+                peer.shutdown(socket.SHUT_WR)
+
+        pump = threading.Thread(target=to_peer, daemon=True)
+        pump.start()
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            while data := peer.recv(65536):
+                chan.sendall(data)
+        pump.join(5)
+        peer.close()
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            chan.close()
+        self.event(ep, "forward_closed", destination=list(destination))
 
     # ------------------------------------------------------------------ answers
 

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import paramiko
 
@@ -256,6 +257,26 @@ class _RecordingPolicy(paramiko.MissingHostKeyPolicy):
                 "known_hosts or accept unknown host keys explicitly",
             )
         LOG.warning("%s: accepting unknown host key %s (opt-in)", hostname, key.fingerprint)
+
+
+class _HopChannel:
+    """The next hop's "socket" through a jump host: a channel of the jump host's connection.
+
+    paramiko's transport thread for the next hop closes its socket on its way out. When the
+    jump host's connection is already gone (the run is over, or was torn down), closing the
+    channel has to send a message on a dead connection, and the EOFError it raises in that
+    thread would reach stderr as a traceback after a run that went fine. Closing never raises
+    here; everything else is the channel's own."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._channel = channel
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+    def close(self) -> None:
+        with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+            self._channel.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,9 +497,10 @@ class SSHTransport:
                                     cfg.channel_timeout_s, Unreachable):
                     if transport is None:
                         raise EOFError("connection closed")
-                    channel = transport.open_channel(
+                    # Duck-typed as the channel it wraps (paramiko takes any socket-like).
+                    channel = cast(paramiko.Channel, _HopChannel(transport.open_channel(
                         "direct-tcpip", (nxt.address, nxt.port), ("127.0.0.1", 0),
-                        timeout=cfg.channel_timeout_s)
+                        timeout=cfg.channel_timeout_s)))
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 self._drop()
                 reason = str(exc) or type(exc).__name__

@@ -31,6 +31,7 @@ from validate.transport import (
     Unresponsive,
 )
 from validate.transport.local import LocalTransport
+from validate.transport.route import Hop
 from validate.transport.ssh import SSHConfig, SSHTransport, load_known_hosts
 
 # Every step budget of the SSH conversation in these tests (the product default is 10 s).
@@ -205,6 +206,45 @@ def connect(
     yield make
     for t in made:
         t.close()
+
+
+def _client_transports() -> list[paramiko.Transport]:
+    return [t for t in threading.enumerate()
+            if isinstance(t, paramiko.Transport) and not t.server_mode and t.is_alive()]
+
+
+def test_through_a_jump_host_commands_run_and_close_ends_every_thread_quietly(
+        hostile: HostileSSHServer, client_key: tuple[paramiko.PKey, Path],
+        tmp_path: Path) -> None:
+    """``ok`` as the jump host (ssh -J) to ``ok``: the command runs through the forwarded
+    channel (the jump host saw the node's address), and close() ends both connections and all
+    of paramiko's client threads without an exception in any thread. The lab's bastion test
+    (real sshd) once caught the node's transport thread printing an EOFError traceback after a
+    good run; this server has not lost that race, so the lab test is the one that guards it."""
+    known = hostile.known_hosts(tmp_path / "known_hosts")
+    jump_ep = hostile.endpoints["ok"]
+    jump = Hop("ok", jump_ep.address, jump_ep.port, "root", (client_key[1],))
+    raised: list[threading.ExceptHookArgs] = []
+    hook, threading.excepthook = threading.excepthook, raised.append
+    try:
+        for _ in range(8):  # the teardown race did not lose every time
+            before = len(hostile.events("ok", "forward_closed"))
+            t = SSHTransport(_config(hostile, "ok", client_key[1], known, jumps=(jump,)))
+            r = t.run(["echo", "through the jump host"], timeout=10)
+            assert (r.rc, r.stdout) == (0, "through the jump host\n"), r
+            t.close()
+            assert hostile.wait_for(lambda ev, n=before: len(
+                [e for e in ev if e["endpoint"] == "ok" and e["event"] == "forward_closed"]
+            ) > n, 5), "the jump host's forward did not end"
+            end = time.monotonic() + 5
+            while _client_transports() and time.monotonic() < end:
+                time.sleep(0.05)
+            assert not _client_transports(), "paramiko's client threads outlived close()"
+    finally:
+        threading.excepthook = hook
+    assert not raised, [f"{a.thread}: {a.exc_type.__name__}: {a.exc_value}" for a in raised]
+    destinations = {tuple(e["destination"]) for e in hostile.events("ok", "direct_tcpip")}
+    assert destinations == {(jump_ep.address, jump_ep.port)}
 
 
 def test_ssh_runs_commands_on_one_reused_connection(hostile: HostileSSHServer,
