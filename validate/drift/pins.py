@@ -120,7 +120,7 @@ def differences(pin: PackagePin, installed: Mapping[str, DpkgPackage]) -> list[s
     for name in pin.names:
         if "*" in name:
             found = [p for n, p in installed.items()
-                     if fnmatch.fnmatchcase(n, name) and p.state not in _GONE]
+                     if fnmatch.fnmatchcase(n, name) and not gone(p)]
             states = [(p.name, installed_state(p)) for p in found] or [(name, ABSENT)]
         else:
             states = [(name, installed_state(installed.get(name)))]

@@ -227,7 +227,7 @@ def test_through_a_jump_host_commands_run_and_close_ends_every_thread_quietly(
     raised: list[threading.ExceptHookArgs] = []
     hook, threading.excepthook = threading.excepthook, raised.append
     try:
-        for _ in range(8):  # the teardown race did not lose every time
+        for _ in range(8):  # eight connections, each torn down: the race was intermittent
             before = len(hostile.events("ok", "forward_closed"))
             t = SSHTransport(_config(hostile, "ok", client_key[1], known, jumps=(jump,)))
             r = t.run(["echo", "through the jump host"], timeout=10)
