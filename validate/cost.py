@@ -51,7 +51,7 @@ import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 
 from validate import runinfo
 from validate.inventory import Node
-from validate.model import Status
+from validate.model import VALIDATION, Status
 from validate.results import ReportExtras
 from validate.runinfo import ProfileUse
 
@@ -231,7 +231,7 @@ def history(out_root: Path, run_time: str, exclude: Path | None = None) -> pd.Da
             continue
         if results.parent.is_symlink():  # reports/latest
             continue
-        if runinfo.run_kind(results.parent) != runinfo.VALIDATION:
+        if runinfo.run_kind(results.parent) != VALIDATION:
             continue
         try:
             df = pd.read_parquet(results, columns=["node", "status", "time"])

@@ -40,11 +40,11 @@ from validate.labels import (
     CODE_EMPTY_RUN,
     CODE_INCOMPLETE,
     CODE_NON_FINITE,
-    CODE_NOT_IN_RUN,
     CODE_STALE,
     EvidenceProblem,
     NodeEvidence,
     NodeResults,
+    not_in_run,
     parse_time,
 )
 from validate.model import CODE_OK, Status, worst
@@ -196,12 +196,6 @@ def results_of(rows: pd.DataFrame, run_id: str) -> NodeResults:
         gpu_memory_mib=_value(rows, "gpu.memory", "memory_total_mib"),
         gpu_model_status=None if model is None else Status(str(model["status"])),
         gpu_model_detail="" if model is None else str(model["detail"]))
-
-
-def not_in_run(run_id: str) -> NodeEvidence:
-    """The evidence a run holds about a node it has no rows for."""
-    return NodeEvidence(run_id, None, None, (EvidenceProblem(
-        CODE_NOT_IN_RUN, f"run {run_id} has no rows for this node: it was not validated in it"),))
 
 
 def node_evidence(rows: pd.DataFrame | None, *, run_id: str, now: datetime, max_age_s: float,

@@ -49,13 +49,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 import urllib3
 
 from validate import desired
-from validate.evidence import EmptyRun, by_node, node_evidence, not_in_run, read_run
 from validate.inventory import InventoryError, Node, load, profile_for
 from validate.labels import (
     CODE_NOT_REGISTERED,
@@ -73,12 +71,18 @@ from validate.labels import (
     NotQuarantined,
     check_prefix,
     decide,
+    not_in_run,
     plan_node,
     release_patch,
 )
 from validate.model import ExitCode
 from validate.profiles import ProfileError
-from validate.results import ResultsError
+
+if TYPE_CHECKING:
+    import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
+
+# The run's evidence (validate/evidence.py: pandas, pyarrow) is imported where a run is read,
+# not with the gate: `upgrade mark`, `finish` and `gate --release` read no run.
 
 MAX_ATTEMPTS = 5
 MERGE_PATCH = "application/merge-patch+json"
@@ -253,6 +257,8 @@ def decision_for(node: Node, rows: pd.DataFrame | None, run_id: str,
     and its Node as the API server has it: what the gate would set, and what drift compares
     the Node against. The pure :func:`validate.labels.decide` with this node's identity,
     evidence, freshness window and taint effect. Raises ProfileError, IdentityError."""
+    from validate.evidence import node_evidence  # noqa: PLC0415  (lazy: pandas)
+
     evidence = node_evidence(rows, run_id=run_id, now=now or datetime.now(UTC),
                              max_age_s=node.desired.gate.max_run_age_s)
     return decide(identity_of(node), evidence, node_object,
@@ -264,6 +270,9 @@ def evidence_for(nodes: Sequence[Node], run_dir: Path,
     """The run's id and each inventory node's evidence from it (nodes it lacks included),
     judged against the node's own freshness window. Raises GateError for a run that cannot
     be read or holds no rows."""
+    from validate.evidence import EmptyRun, by_node, node_evidence, read_run  # noqa: PLC0415
+    from validate.results import ResultsError  # noqa: PLC0415  (both lazy: pandas, pyarrow)
+
     try:
         run = read_run(run_dir)
     except (FileNotFoundError, ResultsError, EmptyRun) as exc:

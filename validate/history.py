@@ -53,13 +53,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from validate import runinfo
-from validate.model import Status
+from validate.errors import InputError
+from validate.model import DEFAULT_K, DEFAULT_MARGIN, DEFAULT_MIN_RUNS, Status
 from validate.results import KEY_FIGURES
 
 RESULTS_FILE = "results.parquet"
-DEFAULT_K = 5
-DEFAULT_MIN_RUNS = 3
-DEFAULT_MARGIN = 0.10
 
 # (check, metric) -> short name. The report's key figures plus the PCIe link, which a
 # drift run judges against history too (a link that trains narrower is a performance loss).
@@ -91,7 +89,7 @@ BASELINE_COLUMNS = ["node", "check", "metric", "baseline", "baseline_runs"]
 _BATCH_ROWS = 1 << 17
 
 
-class HistoryError(ValueError):
+class HistoryError(InputError, ValueError):
     """A reports root that cannot be read as history, or a figure name that is unknown."""
 
 

@@ -35,6 +35,7 @@ from ansible.vars.plugins import get_vars_from_inventory_sources
 
 from validate import desired
 from validate.desired import DesiredState
+from validate.errors import InputError
 from validate.profiles import Profile, ProfileError, load_profile
 from validate.transport.route import Route, RouteError, resolve, tcp_port
 
@@ -64,7 +65,7 @@ _SSH_VARS = (*(v for v in _CONNECTION_VARS if not v.startswith("ansible_become")
              "ansible_ssh_args")
 
 
-class InventoryError(Exception):
+class InventoryError(InputError):
     """The inventory cannot be read, or a GPU host lacks a pool or profile."""
 
 

@@ -202,6 +202,12 @@ class NodeEvidence:
     problems: tuple[EvidenceProblem, ...] = ()
 
 
+def not_in_run(run_id: str) -> NodeEvidence:
+    """The evidence a run holds about a node it has no rows for."""
+    return NodeEvidence(run_id, None, None, (EvidenceProblem(
+        CODE_NOT_IN_RUN, f"run {run_id} has no rows for this node: it was not validated in it"),))
+
+
 @dataclass(frozen=True, slots=True)
 class Desired:
     """What the gate sets on a node (for ``held``: what it has, left alone)."""

@@ -44,6 +44,23 @@ def worst(statuses: list[Status]) -> Status:
     return max(statuses, key=SEVERITY.__getitem__, default=Status.SKIP)
 
 
+# A node's whole validation run: generous for a full suite (NCCL repeats, fio, checkpoint) on a
+# healthy node, and what a node stuck in ways no single timeout sees costs at most (``validate
+# run --node-deadline``).
+DEFAULT_NODE_DEADLINE_S = 3600.0
+
+
+# The kinds of run a reports root holds (run.json's ``run_kind``): validation and drift.
+VALIDATION = "validation"
+DRIFT = "drift"
+RUN_KINDS = (VALIDATION, DRIFT)
+# A figure's baseline (validate history, drift's performance layer): the median of the last
+# DEFAULT_K passing runs, given at least DEFAULT_MIN_RUNS; a value DEFAULT_MARGIN below it drifted.
+DEFAULT_K = 5
+DEFAULT_MIN_RUNS = 3
+DEFAULT_MARGIN = 0.10
+
+
 class ExitCode(IntEnum):
     """Process exit codes of ``python -m validate``: the one table."""
 

@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from validate import desired
+from validate.errors import InputError
 from validate.model import Status
 from validate.parsers.ib_counters import ERROR_COUNTERS
 from validate.parsers.nvidia_smi_model import CLOCK_EVENT_REASONS
@@ -63,7 +64,7 @@ CEILING_NIC_GBPS = 3200.0
 MAX_TIMEOUT_S = 86_400.0
 
 
-class ProfileError(Exception):
+class ProfileError(InputError):
     """A profile (or an inventory override) is missing, unreadable or malformed.
 
     ``problems`` lists every (dotted key, reason) found; ``key``/``reason`` are the first."""

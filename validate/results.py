@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
 import pyarrow as pa
 
+from validate.errors import InputError
 from validate.model import COLUMNS, SEVERITY, CheckResult
 
 OUTLIER_FRACTION = 0.10
@@ -77,7 +78,7 @@ LATEST = "latest"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 
 
-class RunDirError(Exception):
+class RunDirError(InputError):
     """The output directory or the run id cannot be used."""
 
 

@@ -43,13 +43,11 @@ from typing import Any
 
 from validate import desired
 from validate.inventory import Node, profile_for
+from validate.model import DRIFT, RUN_KINDS, VALIDATION
 from validate.profiles import ProfileError
 
 RUN_INFO_FILE = "run.json"
 RUN_INFO_SCHEMA = 1
-VALIDATION = "validation"
-DRIFT = "drift"
-RUN_KINDS = (VALIDATION, DRIFT)
 # What a drift run writes beside its results (validate/drift/report.py's META).
 DRIFT_LAYOUT_FILE = "drift.json"
 SUITE_ROOT = Path(__file__).resolve().parent.parent

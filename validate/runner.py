@@ -38,6 +38,7 @@ from validate.model import (
     CODE_DEADLINE,
     CODE_INTERNAL,
     CODE_INTERRUPTED,
+    DEFAULT_NODE_DEADLINE_S,
     CheckResult,
     Status,
     worst,
@@ -49,9 +50,6 @@ from validate.transport.ssh import SSHConfig, SSHTransport
 
 LOG = logging.getLogger(__name__)
 CODE_PROFILE = "profile.invalid"
-# A node's whole run: generous for a full suite (NCCL repeats, fio, checkpoint) on a healthy
-# node, and what a node stuck in ways no single timeout sees costs at most.
-DEFAULT_NODE_DEADLINE_S = 3600.0
 # How long a worker may take to return after its transport was aborted.
 ABORT_GRACE_S = 5.0
 # How often the supervisor looks at deadlines and interrupts.

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from validate import argtypes, gate, runner
+from validate import gate, runner
 from validate.checks.base import NodeContext
 from validate.drift import pins, probes
 from validate.drift.model import FindingStatus, Layer
@@ -57,15 +56,13 @@ from validate.inventory import Node, load, profile_for
 from validate.labels import UPGRADE_DETAIL, UPGRADE_STATE, taint_key
 from validate.model import ExitCode
 from validate.profiles import ProfileError
+from validate.upgrade_cli import FAILED
 
 STATE, DETAIL = UPGRADE_STATE, UPGRADE_DETAIL  # annotations under the prefix (the gate keeps them)
 DRAINING, DRAINED, DRAIN_TIMEOUT = "draining", "drained", "drain-timeout"
-UPGRADING, VALIDATING, FAILED, DONE = "upgrading", "validating", "failed", "done"
-MARKABLE = (UPGRADING, VALIDATING, FAILED)
+DONE = "done"
 TAINT_UPGRADING = "upgrading"
 TAINT_EFFECT = "NoSchedule"
-DEFAULT_DRAIN_TIMEOUT_S = 600.0
-MAX_DRAIN_TIMEOUT_S = 24 * 3600.0
 RETRY_S = 2.0
 MAX_DETAIL = 1000
 MIRROR = "kubernetes.io/config.mirror"
@@ -301,20 +298,6 @@ def batches(hosts: Sequence[str], serial: str) -> list[list[str]]:
     return [list(hosts[i:i + size]) for i in range(0, len(hosts), size)]
 
 
-def serial_arg(text: str) -> str:
-    number = text[:-1] if text.endswith("%") else text
-    try:
-        value = float(number)
-    except ValueError:
-        value = math.nan
-    percent = text.endswith("%")
-    if not (math.isfinite(value) and value > 0
-            and (value <= 100 if percent else value == int(value))):
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number of nodes or a percentage up to 100%, not {text!r}")
-    return text
-
-
 def plan(nodes: Sequence[Node], api: UpgradeApi, prefix: str, *, timeout_s: float,
          concurrency: int, accept_unknown_host_keys: bool) -> list[NodePlan]:
     plans = [NodePlan(n.name, k8s_name(n)) for n in nodes]
@@ -456,48 +439,6 @@ def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO) -> ExitCode:
 
 
 # -- command line -------------------------------------------------------------------------------
-def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
-    up = sub.add_parser("upgrade", help="the Kubernetes side of a rolling upgrade: plan, drain, "
-                                        "mark, finish (playbooks/upgrade.yml)")
-    verbs = up.add_subparsers(dest="upgrade_cmd", required=True)
-    made = [up]
-    for verb, text in (("plan", "which nodes differ from their pins, in batches, with the "
-                                "pods each drain would evict; writes nothing"),
-                       ("drain", "record the state, cordon, taint and evict the node's pods"),
-                       ("mark", "record a node's upgrade state"),
-                       ("finish", "uncordon a node the gate admitted; record done")):
-        p = verbs.add_parser(verb, help=text)
-        p.add_argument("-i", "--inventory", required=True, type=argtypes.path)
-        p.add_argument("--kubeconfig", type=argtypes.path,
-                       help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
-        p.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
-        if verb == "plan":
-            p.add_argument("-l", "--limit", help="Ansible host pattern")
-            p.add_argument("--serial", type=serial_arg, default="1",
-                           help="nodes per batch: a count or a percentage (default 1)")
-            p.add_argument("--format", choices=("text", "json"), default="text")
-            p.add_argument("--timeout", type=argtypes.seconds(argtypes.MAX_COMMAND_TIMEOUT_S),
-                           default=60.0, help="per-probe timeout in seconds")
-            p.add_argument("--concurrency", type=argtypes.count(1, argtypes.MAX_CONCURRENCY),
-                           default=16)
-            p.add_argument("--accept-unknown-host-keys", action="store_true",
-                           help="trust host keys missing from known_hosts (never a changed key)")
-        else:
-            p.add_argument("--node", required=True, help="the inventory host")
-        if verb == "drain":
-            p.add_argument("--timeout", type=argtypes.seconds(MAX_DRAIN_TIMEOUT_S),
-                           default=DEFAULT_DRAIN_TIMEOUT_S,
-                           help="seconds to keep asking refused evictions (default %(default)g)")
-            p.add_argument("--force-delete", action="store_true",
-                           help="delete the pods still there at the timeout (PDBs or not)")
-            p.add_argument("--dry-run", action="store_true", help="say what, change nothing")
-        if verb == "mark":
-            p.add_argument("--state", required=True, choices=MARKABLE)
-            p.add_argument("--detail", default="")
-        made.append(p)
-    return made
-
-
 def cmd_upgrade(args: argparse.Namespace, stdout: TextIO, stderr: TextIO,
                 api_factory: Callable[[Path | None], UpgradeApi] = UpgradeApi) -> ExitCode:
     try:

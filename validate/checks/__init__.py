@@ -9,6 +9,7 @@ import fnmatch
 
 from validate.checks import dcgm, dcgm_exporter, fabric, gpu, nccl, node, storage
 from validate.checks.base import Check, NodeContext, ToolFailure, Verdict
+from validate.errors import InputError
 
 REGISTRY: dict[str, Check] = {
     c.id: c
@@ -25,7 +26,7 @@ REGISTRY: dict[str, Check] = {
 MULTI_NODE: dict[str, str] = {fabric.PAIR_CHECK_ID: fabric.PAIR_TITLE}
 
 
-class UnknownCheck(ValueError):
+class UnknownCheck(InputError, ValueError):
     """A --checks pattern matched no check."""
 
 

@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from validate import argtypes
-from validate.cluster import apply, render
-from validate.cluster.spec import load_spec
 from validate.model import ExitCode
 
 
-def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
+def add_parsers(sub: Any, default_out: Path) -> list[argparse.ArgumentParser]:
     cl = sub.add_parser("cluster", help="the cluster's manifests (GPU Operator, Kueue, teams) "
                                         "from the inventory: render or apply")
     verbs = cl.add_subparsers(dest="cluster_cmd", required=True)
@@ -35,10 +33,15 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                     help="the server's dry run (dryRun=All) with a diff; nothing is changed")
     ap.add_argument("--kubeconfig", type=argtypes.path,
                     help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
+    cl.set_defaults(handler=cmd_cluster)
     return [cl, rd, ap]
 
 
 def cmd_cluster(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    # Lazy: the inventory (Ansible), the renderer and the Kubernetes client.
+    from validate.cluster import apply, render  # noqa: PLC0415
+    from validate.cluster.spec import load_spec  # noqa: PLC0415
+
     spec = load_spec(args.inventory)
     if args.cluster_cmd == "render":
         files = render.write(spec, args.out)

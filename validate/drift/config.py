@@ -50,14 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from validate import ansible_ssh
-from validate.drift.model import Finding, FindingStatus, Layer
+from validate.drift.model import DEFAULT_TASK_TIMEOUT_S, Finding, FindingStatus, Layer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO_ROOT / "playbooks" / "bootstrap.yml"
-# Seconds one check-mode task may take on one node before the node is given up (the per-node
-# deadline of the pass). Check mode reads state and simulates; on a loaded control node a task
-# of a large fleet still takes seconds, not minutes.
-DEFAULT_TASK_TIMEOUT_S = 120
 CHECK_MODE_ITEM = "check mode"
 
 # Paths whose diffs are never shown, whatever the task says: key material and kubeconfigs.

@@ -64,6 +64,7 @@ from validate.labels import (
     IdentityError,
     plan_node,
 )
+from validate.model import VALIDATION
 from validate.profiles import ProfileError
 from validate.results import LATEST, PARTIAL_SUFFIX, ResultsError
 
@@ -119,7 +120,7 @@ def validation_runs(roots: Iterable[Path]) -> list[Path]:
                 run_dir = Path(entry.path)
                 results = next((run_dir / f for f in RESULTS_FILES
                                 if (run_dir / f).is_file()), None)
-                if results is None or runinfo.run_kind(run_dir) != runinfo.VALIDATION:
+                if results is None or runinfo.run_kind(run_dir) != VALIDATION:
                     continue
                 found[entry.name] = (_started(run_dir, results), entry.name, run_dir)
     # Runs started in the same second: the run id decides (default ids sort by time).

@@ -40,6 +40,16 @@ from typing import Any
 
 from validate.model import ExitCode
 
+# Seconds one check-mode task may take on one node before the node is given up (the per-node
+# deadline of the pass). Check mode reads state and simulates; on a loaded control node a task
+# of a large fleet still takes seconds, not minutes.
+DEFAULT_TASK_TIMEOUT_S = 120
+# The performance layer's checks by default.
+DEFAULT_CHECKS = "gpu.pcie,nccl.allreduce,storage.fio"
+# All of one node's probes and performance checks; a healthy node's take seconds to a few
+# minutes (NCCL and fio at their fixed sizes).
+DEFAULT_NODE_DEADLINE_S = 900.0
+
 
 class Layer(StrEnum):
     """Where a node can drift, in the order reports list them."""

@@ -33,7 +33,6 @@ from validate.profiles import Profile
 from validate.transport import Transport
 
 HEAVY = frozenset({"nccl.allreduce", "storage.fio", "storage.checkpoint"})
-DEFAULT_CHECKS = "gpu.pcie,nccl.allreduce,storage.fio"
 CODE_BELOW = "drift.performance.below_baseline"
 CODE_BUSY = "drift.gpu_busy"
 CODE_NO_DRIVER = "drift.driver_unusable"

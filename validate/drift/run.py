@@ -48,18 +48,24 @@ from validate import gate, runinfo, runner
 from validate.checks import NodeContext
 from validate.drift import config, labels, performance, probes
 from validate.drift import report as drift_report
-from validate.drift.model import Finding, FindingStatus, Layer, exit_code, merged
+from validate.drift.model import (
+    DEFAULT_CHECKS,
+    DEFAULT_NODE_DEADLINE_S,
+    DEFAULT_TASK_TIMEOUT_S,
+    Finding,
+    FindingStatus,
+    Layer,
+    exit_code,
+    merged,
+)
 from validate.history import BASELINE_COLUMNS, FIGURES, BaselineSettings, baselines
 from validate.inventory import Node, load, profile_for
-from validate.model import CODE_DEADLINE, CODE_INTERRUPTED, CheckResult, ExitCode
+from validate.model import CODE_DEADLINE, CODE_INTERRUPTED, DRIFT, CheckResult, ExitCode
 from validate.profiles import ProfileError
 from validate.transport import Transport
 
 LOG = logging.getLogger(__name__)
 ALL_LAYERS = tuple(Layer)
-# All of one node's probes and performance checks; a healthy node's take seconds to a few
-# minutes (NCCL and fio at their fixed sizes).
-DEFAULT_NODE_DEADLINE_S = 900.0
 # How long a worker may take to return after its connection was aborted.
 ABORT_GRACE_S = 5.0
 _TICK_S = 0.1
@@ -72,13 +78,13 @@ class DriftOptions:
     limit: str | None = None
     history: tuple[Path, ...] = ()
     layers: tuple[Layer, ...] = ALL_LAYERS
-    perf_checks: str = performance.DEFAULT_CHECKS
+    perf_checks: str = DEFAULT_CHECKS
     baseline: BaselineSettings = field(default_factory=BaselineSettings)
     concurrency: int = 16
     timeout_s: float = 60.0
     node_deadline_s: float = DEFAULT_NODE_DEADLINE_S
     check_timeout_s: int = 3600
-    check_task_timeout_s: int = config.DEFAULT_TASK_TIMEOUT_S
+    check_task_timeout_s: int = DEFAULT_TASK_TIMEOUT_S
     forks: int | None = None
     textfile: Path | None = None
     keep_days: float | None = None
@@ -183,7 +189,7 @@ def _run(opts: DriftOptions, nodes: Sequence[Node], perf: Sequence[check_registr
     info = runinfo.start(run_id=run_id, environment=None, inventory=opts.inventory,
                          limit=opts.limit, checks_requested=opts.perf_checks or None,
                          checks=[c.id for c in perf], nodes=nodes,
-                         run_kind=runinfo.DRIFT)
+                         run_kind=DRIFT)
     pools = {n.name: n.pool for n in nodes}
     figures = [f for f in FIGURES if f[0] in {c.id for c in perf}]
     history = _baselines(opts, nodes, figures) if perf else pd.DataFrame(

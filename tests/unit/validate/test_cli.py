@@ -15,8 +15,9 @@ import pytest
 
 import validate.report_page
 from tests.conftest import REPO_ROOT, closed_port
-from validate.cli import PARSERS, main
+from validate.cli import main
 from validate.model import ExitCode
+from validate.run_cli import PARSERS
 
 
 def _main(*argv: str) -> tuple[int, str, str]:

@@ -25,6 +25,7 @@ from tests.unit.validate.gate_runs import write_inventory
 from tests.unit.validate.test_checks_runner import _node, _out
 from tests.unit.validate.test_drift_probes import _probe
 from validate import cli, upgrade
+from validate import upgrade_cli as upgrade_args
 from validate.drift import pins, probes
 from validate.model import ExitCode
 from validate.parsers import dpkg_query
@@ -232,7 +233,7 @@ def test_batches_and_serial_as_ansible_reads_them() -> None:
     assert upgrade.batches([], "1") == []
     for bad in ("0", "-1", "1.5", "150%", "nan", "x", "0%"):
         with pytest.raises(Exception, match="whole number of nodes or a percentage"):
-            upgrade.serial_arg(bad)
+            upgrade_args.serial_arg(bad)
 
 
 def test_selectors_as_the_api_server_matches_them() -> None:
