@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TextIO
 
-from lab import controlplane, core, hardware, hosts, logins, repo
+from lab import controlplane, core, hardware, hosts, logins, repo, snapshot
 from lab.errors import LabError
 from lab.paths import LabPaths
 
@@ -32,7 +32,15 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--repo-port", type=int, default=repo.DEFAULT_PORT,
                     help=f"lab package repository port on 127.0.0.1 (default {repo.DEFAULT_PORT})")
     up.add_argument("--ssh-port", type=int, default=22, help="sshd port of every host")
-    sub.add_parser("down", help="stop every host and server, unmount everything")
+    up.add_argument("--converged", action="store_true",
+                    help="boot each GPU host from its converged snapshot where one was taken "
+                         "(`python -m lab snapshot`); site.yml then re-converges it")
+    down = sub.add_parser("down", help="stop every host and server, unmount everything")
+    down.add_argument("--snapshots", action="store_true",
+                      help="also remove the converged snapshots of this lab directory")
+    snap = sub.add_parser("snapshot", help="take a converged host's disk as the snapshot other "
+                                           "hosts of its kind boot from (`up --converged`)")
+    snap.add_argument("host")
     sub.add_parser("status", help="hosts, addresses, pools and injected faults")
     fault = sub.add_parser("fault", help="change a running host's faults")
     fault.add_argument("host")
@@ -58,7 +66,8 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout,
         if args.command == "up":
             started = time.monotonic()
             state = core.up(paths, fleet=args.fleet, nodes=args.nodes, faults=args.fault,
-                            repo_port=args.repo_port, ssh_port=args.ssh_port)
+                            repo_port=args.repo_port, ssh_port=args.ssh_port,
+                            converged=args.converged)
             print(f"lab: {len(state.hosts)} hosts up in {time.monotonic() - started:.1f} s "
                   f"(SIMULATED GPUs); inventory: {paths.inventory_dir / 'hosts.yml'}",
                   file=stdout)
@@ -66,6 +75,15 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout,
         elif args.command == "down":
             stopped = core.down(paths)
             print(f"lab: stopped {stopped} hosts; nothing of the lab is running", file=stdout)
+            if args.snapshots:
+                print(f"lab: removed {snapshot.remove_all(paths)} converged snapshot(s)",
+                      file=stdout)
+        elif args.command == "snapshot":
+            started = time.monotonic()
+            taken = core.take_snapshot(paths, args.host)
+            print(f"lab: {args.host}'s disk is snapshot {taken.name} "
+                  f"({time.monotonic() - started:.1f} s; the host was halted and booted again)",
+                  file=stdout)
         elif args.command == "status":
             state = core.running_state(paths)
             if state is None:
@@ -103,9 +121,10 @@ def _print_status(paths: LabPaths, state: core.LabState, out: TextIO) -> None:
     for h in state.hosts:
         alive = hosts.leader_pid(paths, h.name) is not None
         faults = hosts.read_faults(paths, h.name) if alive else h.faults
+        booted = f" (from snapshot {state.snapshots[h.name]})" if h.name in state.snapshots else ""
         rows.append((h.name, f"{h.address}:{h.port}", h.os, h.pool,
                      h.hw_profile or "control plane (no GPUs)",
-                     "running" if alive else "stopped", ",".join(faults) or "-"))
+                     ("running" if alive else "stopped") + booted, ",".join(faults) or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)

@@ -13,28 +13,21 @@ reboot, as after a kernel update), so no file is copied half-written.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
 from dataclasses import replace
+from pathlib import Path
 
-from lab import core, rootfs
+from lab import core, rootfs, snapshot
 from lab import hosts as hosts_mod
 from lab.errors import LabError
 from lab.paths import LabPaths
 
-# Files of the source that belong to the source alone (relative to the overlay's upper dir).
-IDENTITY = (
-    "etc/ssh/ssh_host_ed25519_key",
-    "etc/ssh/ssh_host_ed25519_key.pub",
-    "etc/ssh/ssh_host_rsa_key",
-    "etc/ssh/ssh_host_rsa_key.pub",
-    "etc/ssh/ssh_host_ecdsa_key",
-    "etc/ssh/ssh_host_ecdsa_key.pub",
-    "var/lib/systemd/random-seed",
-    "var/lib/systemd/credential.secret",
-)
-CDI_SPEC = "/etc/cdi/nvidia.yaml"
+# What belongs to the source alone (its identity) and the CDI spec (its GPUs) are not copied.
+IDENTITY = snapshot.IDENTITY_FILES
+CDI_SPEC = snapshot.CDI_SPEC
 
 
 def clone(paths: LabPaths, source: str, targets: list[str], timeout_s: float = 120.0) -> None:
@@ -55,6 +48,10 @@ def clone(paths: LabPaths, source: str, targets: list[str], timeout_s: float = 1
         for name in names:
             hosts_mod.wait_stopped(paths, name, deadline)
             hosts_mod.unmount(paths, name)
+        # The copies stand on the source's lower layers (its OS's rootfs, and the converged
+        # snapshot it booted from, if any): its upper layer means nothing on others.
+        specs = {n: json.loads((paths.host_dir(n) / "spec.json").read_text()) for n in names}
+        lowers = {n: specs[source] if n in targets else specs[n] for n in names}
         upper = paths.host_dir(source) / "upper"
         had_cdi = (upper / CDI_SPEC.lstrip("/")).exists()
         for name in targets:
@@ -69,14 +66,18 @@ def clone(paths: LabPaths, source: str, targets: list[str], timeout_s: float = 1
                 raise LabError(f"clone {source} -> {name}: {proc.stderr.strip()}")
             for rel in (*IDENTITY, CDI_SPEC.lstrip("/")):
                 (tdir / "upper" / rel).unlink(missing_ok=True)
-        cached = rootfs.ensure_rootfs(paths.cache, log=False)
         pubkey = core.ensure_ssh_key(paths)
         lines = {h.name: "" for h in state.hosts}
         for name in names:
             host = hosts[name]
             # prepare() writes the faults the state lists; keep the ones the host has now.
             host = replace(host, faults=hosts_mod.read_faults(paths, name))
-            lines[name] = hosts_mod.prepare(paths, host, cached, pubkey)
+            lines[name] = hosts_mod.prepare(
+                paths, host, Path(lowers[name].get("rootfs") or rootfs.ensure_rootfs(
+                    paths.cache, log=False, os_key=host.os)), pubkey,
+                nspawn_args=tuple(specs[name].get("nspawn_args", ())),
+                snapshot=Path(lowers[name]["snapshot"]) if lowers[name].get("snapshot")
+                else None)
         known = [ln for ln in paths.known_hosts.read_text().splitlines(keepends=True)
                  if not any(ln.startswith(f"{hosts[n].address} ") or
                             ln.startswith(f"[{hosts[n].address}]:") for n in names)]

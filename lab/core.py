@@ -11,10 +11,10 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from lab import controlplane, inventory, limits, repo, rootfs
+from lab import controlplane, inventory, limits, repo, rootfs, snapshot
 from lab import fleet as fleet_mod
 from lab import hardware as hardware_mod
 from lab import hosts as hosts_mod
@@ -37,6 +37,8 @@ class LabState:
     repo_port: int
     repo_pid: int | None
     started: float
+    # host -> the converged snapshot it booted from (lab/snapshot.py); absent: the bare rootfs
+    snapshots: dict[str, str] = field(default_factory=dict)
 
     def host(self, name: str) -> LabHost:
         for h in self.hosts:
@@ -56,7 +58,8 @@ def load_state(paths: LabPaths) -> LabState | None:
         return None
     hosts = tuple(LabHost(**{**h, "faults": tuple(h["faults"])}) for h in data["hosts"])
     return LabState(fleet=data["fleet"], hosts=hosts, repo_port=data["repo_port"],
-                    repo_pid=data.get("repo_pid"), started=data["started"])
+                    repo_pid=data.get("repo_pid"), started=data["started"],
+                    snapshots=dict(data.get("snapshots") or {}))
 
 
 def save_state(paths: LabPaths, state: LabState) -> None:
@@ -124,9 +127,10 @@ def plan(fleet: str, nodes: int | None, faults: list[str], ssh_port: int) -> lis
 
 def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
        faults: list[str] | None = None, repo_port: int = repo.DEFAULT_PORT,
-       ssh_port: int = 22, log: bool = True) -> LabState:
+       ssh_port: int = 22, log: bool = True, converged: bool = False) -> LabState:
     """Boot the fleet. Every input, and what the fleet needs of this machine, is checked
-    before anything starts."""
+    before anything starts. ``converged``: every GPU host whose converged snapshot exists in
+    this lab directory boots from it (lab/snapshot.py); the others from the bare rootfs."""
     hosts = plan(fleet, nodes, faults or [], ssh_port)
     with locked(paths):
         current = running_state(paths)
@@ -141,16 +145,23 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
         cached = {os_key: rootfs.ensure_rootfs(paths.cache, log=log, os_key=os_key)
                   for os_key in sorted({h.os for h in hosts})}
         repo.ensure_repo(paths)
+        layers = _snapshot_layers(paths, hosts, repo_port) if converged else {}
         pubkey = ensure_ssh_key(paths)
         paths.run.mkdir(parents=True, exist_ok=True)
         state = LabState(fleet=fleet, hosts=tuple(hosts), repo_port=repo_port, repo_pid=None,
-                         started=time.time())
+                         started=time.time(),
+                         snapshots={n: layer.parent.name for n, layer in layers.items()})
         save_state(paths, state)
         try:
             state = replace(state, repo_pid=repo.start_server(paths, repo_port))
             save_state(paths, state)
-            known = [hosts_mod.prepare(paths, h, cached[h.os], pubkey,
-                                       nspawn_args=controlplane.nspawn_args(paths, h))
+            # A host booting from a converged snapshot boots healthy first: the lab then makes
+            # what the snapshot leaves out as the roles made it on a healthy host (its CDI
+            # spec), and gives it its faults after (as hardware that fails after a converge).
+            known = [hosts_mod.prepare(paths, replace(h, faults=()) if h.name in layers else h,
+                                       cached[h.os], pubkey,
+                                       nspawn_args=controlplane.nspawn_args(paths, h),
+                                       snapshot=layers.get(h.name))
                      for h in hosts]
             paths.known_hosts.write_text("".join(known))
             controlplane.provision(paths, hosts)
@@ -167,6 +178,12 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
             if late:
                 raise LabError(f"hosts did not finish booting within {BOOT_TIMEOUT_S:.0f} s: "
                                f"{', '.join(late)} (logs kept in {paths.root}/last-failure/)")
+            for name, layer in layers.items():
+                snapshot.after_boot(paths, name, layer)
+                faults = state.host(name).faults
+                hosts_mod.write_faults(paths, name, faults)
+                if (paths.host_dir(name) / "hw" / "hardware.json").exists():
+                    hardware_mod.write_ib_counters(paths.host_dir(name) / "hw", faults)
             for h in hosts:
                 apply_runtime_faults(paths, h.name, h.faults, deadline)
             controlplane.boot(paths, hosts, time.monotonic() + controlplane.BOOT_TIMEOUT_S)
@@ -177,6 +194,35 @@ def up(paths: LabPaths, fleet: str = "default", nodes: int | None = None,
             _teardown(paths, state)
             raise
         return state
+
+
+def _snapshot_layers(paths: LabPaths, hosts: list[LabHost], repo_port: int) -> dict[str, Path]:
+    """The converged snapshot layer of each host that has one (lab/snapshot.py)."""
+    fingerprint = repo.key_fingerprint(paths)
+    layers = {}
+    for h in hosts:
+        if snapshot.usable(h):
+            inputs = snapshot.host_inputs(paths, h, hosts, repo_port, fingerprint)
+            layer = snapshot.find(paths, snapshot.key(inputs))
+            if layer is not None:
+                layers[h.name] = layer
+    return layers
+
+
+def take_snapshot(paths: LabPaths, name: str) -> Path:
+    """Take the converged snapshot of running host ``name`` (lab/snapshot.py); returns it."""
+    with locked(paths):
+        state = running_state(paths)
+        if state is None:
+            raise LabError("the lab is not running (`python -m lab up` first)")
+        host = state.host(name)
+        if not snapshot.usable(host):
+            raise LabError(f"{name}: a control-plane host, or one with a fault that acts while "
+                           f"packages install ({', '.join(host.faults)}): not a converged "
+                           "host another can stand for")
+        inputs = snapshot.host_inputs(paths, host, list(state.hosts), state.repo_port,
+                                      repo.key_fingerprint(paths))
+        return snapshot.take(paths, name, inputs)
 
 
 def _keep_logs(paths: LabPaths, state: LabState) -> None:

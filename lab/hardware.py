@@ -98,6 +98,11 @@ class UnknownProfile(KeyError):
         return str(self.args[0])
 
 
+# Faults that act while packages install (the driver package's postinst): a host with one is
+# converged from the bare rootfs, never booted from a converged snapshot (lab/snapshot.py).
+CONVERGE_FAULTS = frozenset({"driver-install-fail"})
+
+
 def check_fault(name: str) -> None:
     """Raise ValueError naming the known faults when ``name`` is not one of them."""
     if name not in FAULTS:

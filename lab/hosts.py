@@ -55,15 +55,18 @@ def lab_mounts(paths: LabPaths) -> list[str]:
 
 
 def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str,
-            nspawn_args: tuple[str, ...] = ()) -> str:
+            nspawn_args: tuple[str, ...] = (), snapshot: Path | None = None) -> str:
     """Make the host's overlay and identity; return its known_hosts line. ``nspawn_args``:
-    what this host needs of systemd-nspawn beyond the lab's default (lab.supervisor)."""
+    what this host needs of systemd-nspawn beyond the lab's default (lab.supervisor);
+    ``snapshot``: a converged host's layer (lab.snapshot) between the host's own and the
+    rootfs."""
     hdir = paths.host_dir(host.name)
     for sub in ("upper", "work", "merged", "hw"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     merged = hdir / "merged"
     if not is_mounted(merged):
-        opts = f"lowerdir={rootfs},upperdir={hdir / 'upper'},workdir={hdir / 'work'}"
+        lower = f"{snapshot}:{rootfs}" if snapshot else str(rootfs)
+        opts = f"lowerdir={lower},upperdir={hdir / 'upper'},workdir={hdir / 'work'}"
         proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)],
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -77,6 +80,7 @@ def prepare(paths: LabPaths, host: LabHost, rootfs: Path, pubkey: str,
         "name": host.name, "address": host.address, "port": str(host.port),
         "pool": host.pool, "hw_profile": host.hw_profile, "os": host.os,
         "sim_dir": str(paths.sim_dir), "nspawn_args": list(nspawn_args),
+        "rootfs": str(rootfs), "snapshot": str(snapshot) if snapshot else "",
     })
 
     etc = merged / "etc"

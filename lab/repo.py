@@ -62,7 +62,8 @@ def key_fingerprint(paths: LabPaths) -> str:
     raise LabError(f"no fingerprint for the lab key in {paths.gnupg}")
 
 
-def _recipe_hash() -> str:
+def recipe_hash() -> str:
+    """The hash of every package the repositories serve (names, versions, files, scripts)."""
     blob = json.dumps([asdict(p) for p in all_packages()], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -135,7 +136,7 @@ def _ensure_repo(paths: LabPaths) -> Path:
     stamp = paths.repo_dir / ".recipe"
     keyring = ensure_key(paths)
     # A new lab key (its gnupg directory removed) must re-sign every repository.
-    recipe = f"{_recipe_hash()} {key_fingerprint(paths)}"
+    recipe = f"{recipe_hash()} {key_fingerprint(paths)}"
     if stamp.exists() and stamp.read_text() == recipe:
         return paths.repo_dir
     if paths.repo_dir.exists():

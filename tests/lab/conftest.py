@@ -1,4 +1,12 @@
-"""Lab fixtures: boot a fleet for a test module and always stop it again, even on failure."""
+"""Lab fixtures: boot a fleet for a test module and always stop it again, even on failure.
+
+Converged snapshots (lab/snapshot.py, issue 39): test_roles.py runs first; once its second
+converge has proven the roles idempotent on its healthy hosts, their disks become the snapshots
+that the modules testing what comes after bootstrap boot from (``running_lab(converged=True)``;
+their ``site.yml`` is then a re-converge). A module run alone, without them, converges from the
+bare rootfs as before. The session removes every snapshot at its start and its end, so a
+snapshot is always the roles' work earlier in the same run, never a stale one.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import core, hosts
+from lab import core, hosts, snapshot
 from lab.core import LabState
 from lab.paths import REPO_ROOT, LabPaths
 from lab.supervisor import cgroup_tag
@@ -19,10 +27,30 @@ from lab.supervisor import cgroup_tag
 pytestmark = pytest.mark.lab
 
 
+# Modules that run before the others, in this order: test_roles.py makes the converged
+# snapshots the later modules boot from.
+FIRST = ("test_roles.py",)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/lab/" in str(item.fspath):
             item.add_marker(pytest.mark.lab)
+
+    def rank(item: pytest.Item) -> int:
+        name = Path(str(item.fspath)).name
+        return FIRST.index(name) if name in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: file order within each rank
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _snapshots_of_this_run() -> Iterator[None]:
+    """No snapshot from an earlier run is ever booted; none outlives this one."""
+    paths = LabPaths.default()
+    snapshot.remove_all(paths)
+    yield
+    snapshot.remove_all(paths)
 
 
 @pytest.fixture(scope="session", autouse=True)

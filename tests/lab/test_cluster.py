@@ -62,7 +62,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
             request: pytest.FixtureRequest) -> Iterator[Cluster]:
     started = time.monotonic()
     paths = LabPaths.default()
-    with running_lab(fleet="cluster") as state:
+    with running_lab(fleet="cluster", converged=True) as state:
         assert [h.name for h in state.hosts] == ["node1", "node2", "cp1"]
         the_cluster = Cluster(state, paths, tmp_path_factory.mktemp("cluster"),
                               tmp_path_factory.mktemp("vault"))

@@ -6,8 +6,10 @@ after through the lab's back door, so a host whose sshd is down is read too), al
 is interrupted. A host without mpirun, an unreachable peer and a peer whose NCCL bootstrap hangs
 each give an error row naming the pair within the pool's timeout, while the other pairs finish.
 
-The hosts are provisioned straight from the lab repository (the roles have their own converge
-test): driver, fabric manager, nccl-tests (which brings Debian's Open MPI and mpi4py) and ibstat.
+The hosts boot from the H100 host's converged snapshot that test_roles.py's converge made
+(lab/snapshot.py); run alone, the module provisions them straight from the lab repository
+instead: driver, fabric manager, nccl-tests (which brings Debian's Open MPI and mpi4py) and
+ibstat.
 """
 
 from __future__ import annotations
@@ -92,12 +94,15 @@ class FabricLab:
 
 
 def _provision(paths: LabPaths, state: LabState) -> None:
-    """Apt on node1, a copy of its disk on the others (lab/clone.py, as test_drift.py does);
-    then every host must show the tools and a running fabric manager."""
+    """Apt on node1, a copy of its disk on the others (lab/clone.py, as test_drift.py does)."""
     script = lab_apt_sources(state.repo_port, DEBIAN12_CUDA, "extras") + PROVISION
     proc = ssh(state.host(HOSTS[0]).address, script, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     clone.clone(paths, HOSTS[0], HOSTS[1:])
+
+
+def _wait_ready(state: LabState) -> None:
+    """Every host shows the tools and a running fabric manager."""
     deadline = time.monotonic() + 60
     waiting = list(HOSTS)
     while waiting and time.monotonic() < deadline:
@@ -112,17 +117,21 @@ def lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
         ) -> Iterator[FabricLab]:
     started = time.monotonic()
     paths = LabPaths.default()
-    with running_lab(fleet="fabric") as state:
+    with running_lab(fleet="fabric", converged=True) as state:
         assert [h.name for h in state.hosts] == HOSTS
         the_lab = FabricLab(state, paths, tmp_path_factory.mktemp("reports"))
-        # Provision healthy: the degraded rail is a fault of the simulated hardware, put back
-        # once the hosts are ready (as test_validate does with its faults).
-        the_lab.faults("node4")
         provisioned = time.monotonic()
-        _provision(paths, state)
-        the_lab.log.append(f"boot {provisioned - started:.0f} s, provisioning "
-                           f"{time.monotonic() - provisioned:.0f} s")
-        the_lab.faults("node4", "ib-link-degraded")
+        if set(state.snapshots) != set(HOSTS):
+            # Provision healthy: the degraded rail is a fault of the simulated hardware, put
+            # back once the hosts are ready (as test_validate does with its faults).
+            the_lab.faults("node4")
+            _provision(paths, state)
+            the_lab.faults("node4", "ib-link-degraded")
+        _wait_ready(state)
+        the_lab.log.append(f"boot {provisioned - started:.0f} s, "
+                           + (f"booted from snapshot {state.snapshots['node1']}"
+                              if state.snapshots else "provisioning")
+                           + f" {time.monotonic() - provisioned:.0f} s")
         yield the_lab
     summary = f"test_fabric: {time.monotonic() - started:.0f} s in all ({'; '.join(the_lab.log)})"
     # Shown even without -s: the runtime of this module is a CI budget item.

@@ -309,7 +309,17 @@ def second_converge(lab: Lab, first_converge: PlaybookRun) -> PlaybookRun:
     del first_converge  # ordering only
     proc = lab_cli("fault", BROKEN, "--clear")
     assert proc.returncode == 0, proc.stderr
-    return lab.playbook(label="second converge (node4 repaired)")
+    run = lab.playbook(label="second converge (node4 repaired)")
+    # This run proves the healthy hosts converged (nothing left to change, nothing failed):
+    # their disks become the snapshots the later lab modules boot from (lab/snapshot.py,
+    # tests/lab/conftest.py), one per OS and pool. Each host is halted for its copy and booted
+    # again, so the tests below run on converged hosts after a reboot, as a node runs.
+    if run.rc == 0 and all(run.failures(h) == [] and run.count("changed", h) == 0
+                           for h in HEALTHY):
+        started = time.monotonic()
+        taken = {host: core.take_snapshot(lab.paths, host).name for host in HEALTHY}
+        lab.log.append(f"snapshots {taken}: {time.monotonic() - started:.0f} s")
+    return run
 
 
 def test_second_converge_changes_nothing(first_converge: PlaybookRun,

@@ -55,7 +55,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory,
         request: pytest.FixtureRequest) -> Iterator[Cluster]:
     started = time.monotonic()
     paths = LabPaths.default()
-    with running_lab(fleet="upgrade") as state:
+    with running_lab(fleet="upgrade", converged=True) as state:
         cluster = Cluster(state, paths, tmp_path_factory.mktemp("upgrade"),
                           tmp_path_factory.mktemp("vault"))
         site = cluster.playbook("site.yml", label="site.yml")

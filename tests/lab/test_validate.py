@@ -65,11 +65,13 @@ TREE = ("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run 
         "-o -path /tmp \\) -prune -o -printf '%p %s %m %T@\\n' | sort")
 
 
-# What bootstrap leaves on a node (the packages of NVIDIA's debian12 repository), installed
-# straight from the lab repository: the roles have
-# their own converge tests (test_roles.py), and converging 16 hosts on a 2-core CI machine would
-# take most of CI's time to prove nothing new about the validators. Apt runs on one host per
-# hardware profile; the others of that profile get a copy of its disk (lab/clone.py, as
+# The hosts boot from the converged snapshots test_roles.py's converge made where there is one
+# for their OS and pool (lab/snapshot.py: the H100 and L40S hosts on Debian 12). The others (the
+# Debian 12 A100 hosts: test_roles converges its A100 host on Debian 13), and every host when
+# the module runs alone, get what bootstrap leaves on a node (the packages of NVIDIA's debian12
+# repository) straight from the lab repository: converging 16 hosts on a 2-core CI machine
+# would take most of CI's time to prove nothing new about the validators. Apt runs on one host
+# per hardware profile; the others of that profile get a copy of its disk (lab/clone.py, as
 # test_drift.py does), with their own identity and simulated GPUs.
 PROVISION = """
 export DEBIAN_FRONTEND=noninteractive
@@ -96,7 +98,10 @@ def _provision(paths: LabPaths, state: LabState) -> None:
 
     by_profile: dict[str, list[LabHost]] = {}
     for host in state.hosts:
-        by_profile.setdefault(host.hw_profile, []).append(host)
+        if host.name not in state.snapshots:
+            by_profile.setdefault(host.hw_profile, []).append(host)
+    if not by_profile:
+        return
     sources = [group[0] for group in by_profile.values()]
     with ThreadPoolExecutor(max_workers=len(sources)) as pool:
         failed = [r for r in pool.map(one, sources) if r[1] != 0]
@@ -129,14 +134,15 @@ def fleet(request: pytest.FixtureRequest) -> Iterator[LabState]:
     paths = LabPaths.default()
     module_started = time.monotonic()
     request.addfinalizer(lambda: _report_wall_time(request, time.monotonic() - module_started))
-    with running_lab(fleet="faults") as state:
+    with running_lab(fleet="faults", converged=True) as state:
         faults = {h.name: h.faults for h in state.hosts}
         for name, host_faults in faults.items():
             if host_faults:
                 core.set_faults(paths, name, [], [], clear=True)
         started = time.monotonic()
         _provision(paths, state)
-        print(f"provisioned {len(state.hosts)} hosts in {time.monotonic() - started:.0f} s")
+        print(f"provisioned {len(state.hosts) - len(state.snapshots)} hosts in "
+              f"{time.monotonic() - started:.0f} s ({len(state.snapshots)} booted converged)")
         for name, host_faults in faults.items():
             if host_faults:
                 core.set_faults(paths, name, list(host_faults), [], clear=False)
