@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tools import doc_links
+from tools import doc_links, lab_scenarios
 from validate import checks
 
 
@@ -70,3 +70,12 @@ def test_the_validators_page_lists_every_check() -> None:
     assert listed == set(checks.REGISTRY) | set(checks.MULTI_NODE), (
         "docs/validators.md's table of checks differs from `python -m validate checks`"
     )
+
+
+def test_the_lab_scenario_list_is_what_pytest_collects() -> None:
+    """docs/testing.md lists every lab test (tools/lab_scenarios.py): a faster CI that lost a
+    scenario shows it there."""
+    page = lab_scenarios.PAGE.read_text()
+    assert lab_scenarios.current(page) == lab_scenarios.render(lab_scenarios.collected()), (
+        "docs/testing.md's lab scenarios differ from tests/lab: run "
+        "`.venv/bin/python -m tools.lab_scenarios --write` and commit the page")
