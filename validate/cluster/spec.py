@@ -64,6 +64,7 @@ ROLES = ("admin", "edit", "view")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 TEAM_KEYS = ("namespace", "pod_security", "cohort", "gpus", "cpu", "memory", "groups")
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+NOT_SET = "is not set: "  # how sharing_of says a variable is missing
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -183,6 +184,10 @@ class _Problems:
     def add(self, var: str, where: str, reason: str) -> None:
         self.lines.append(f"{var} (set in {where}) {reason}")
 
+    def missing(self, var: str, where: str, reason: str) -> None:
+        """``var`` is set nowhere: say where a site sets it (a group and its file)."""
+        self.lines.append(f"{var} is not set: {reason}; set it in {where}")
+
 
 def sharing_of(gpu_pool: Mapping[str, str], replicas: Any) -> tuple[Sharing | None, str]:
     """The pool's sharing, or None and why not (the reason names the variable at fault:
@@ -194,7 +199,7 @@ def sharing_of(gpu_pool: Mapping[str, str], replicas: Any) -> tuple[Sharing | No
         return Sharing(FULL_GPU), ""
     if mode == TIME_SLICING:
         if replicas is None:
-            return None, f"{REPLICAS}: is not set: a time-slicing pool needs its replicas per GPU"
+            return None, f"{REPLICAS}: {NOT_SET}a time-slicing pool needs its replicas per GPU"
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             return None, (f"{REPLICAS}: is {replicas!r}: replicas per GPU must be a whole "
                           "number of at least 1")
@@ -265,8 +270,8 @@ def load_spec(source: Path) -> ClusterSpec:
             glob.pop(var, None)
     prefix = (nodes[0].desired.gate.label_prefix if nodes else None) or ""
     if not prefix:
-        problems.add(desired.LABEL_PREFIX, "the inventory", "is not set: the pools' Kueue "
-                     "flavors select nodes by the gate's labels under it")
+        problems.missing(desired.LABEL_PREFIX, _group_all_file(source),
+                         "the pools' Kueue flavors select nodes by the gate's labels under it")
     operator_ns = glob.get(OPERATOR_NAMESPACE, DEFAULT_OPERATOR_NAMESPACE)
     if not isinstance(operator_ns, str) or not _DNS_LABEL.match(operator_ns):
         problems.add(OPERATOR_NAMESPACE, where(first_host, OPERATOR_NAMESPACE),
@@ -295,7 +300,11 @@ def _pool(group: str, members: list[Node], values: Mapping[str, Any], problems: 
     sharing, reason = sharing_of(gpu_pool, values.get(REPLICAS))
     if sharing is None:
         var, _, why = reason.partition(": ")
-        problems.add(var, where(var), why)
+        if why.startswith(NOT_SET):
+            # Set nowhere: name the pool's own group_vars file, where its gpu_pool is set.
+            problems.missing(var, where(desired.POOL), why.removeprefix(NOT_SET))
+        else:
+            problems.add(var, where(var), why)
         return None
     taints = _taints(values.get(TAINTS, []), problems, where(TAINTS))
     labels = values.get(TOPOLOGY, [])
@@ -320,6 +329,13 @@ def _pool(group: str, members: list[Node], values: Mapping[str, Any], problems: 
         gpus_per_node=profile_for(first).hardware.gpu_count,
         gpu_pool=gpu_pool, sharing=sharing, taints=taints, topology_labels=tuple(labels),
         mig_devices_per_node=mig_devices)
+
+
+def _group_all_file(source: Path) -> str:
+    """Where a site-wide variable goes: group all's file for the cluster (the examples'
+    ``group_vars/all/cluster.yml``)."""
+    base = source if source.is_dir() else source.parent
+    return f"group all ({base / 'group_vars' / 'all' / 'cluster.yml'})"
 
 
 def _taints(value: Any, problems: _Problems, where: str) -> tuple[Taint, ...]:

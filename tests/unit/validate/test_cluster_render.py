@@ -158,7 +158,19 @@ def test_time_slicing_replicas_zero_or_missing(tmp_path: Path) -> None:
             "is 0: replicas per GPU must be a whole number of at least 1") in err
     code, err, path = _bad(tmp_path / "b", "pool_l40s_pcie/pool.yml",
                            lambda d: d.pop("gpuready_cluster_time_slicing_replicas"))
-    assert "is not set: a time-slicing pool needs its replicas per GPU" in err
+    # Set nowhere: the message says where a site sets it (the pool's group_vars file), not a
+    # host that never set it.
+    assert ("gpuready_cluster_time_slicing_replicas is not set: a time-slicing pool needs its "
+            f"replicas per GPU; set it in group pool_l40s_pcie ({path})") in err
+    assert "set in host" not in err
+
+
+def test_a_missing_label_prefix_names_group_all(tmp_path: Path) -> None:
+    code, err, path = _bad(tmp_path, "all/cluster.yml",
+                           lambda d: d.pop("gpuready_label_prefix"))
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    assert (f"gpuready_label_prefix is not set: the pools' Kueue flavors select nodes by the "
+            f"gate's labels under it; set it in group all ({path})") in err
 
 
 def test_mig_on_a_gpu_without_mig_is_refused(tmp_path: Path) -> None:
