@@ -3,6 +3,7 @@
     python -m validate upgrade plan   -i <inventory> [--limit PATTERN] [--serial N|P%]
                                       [--format text|json] [--kubeconfig FILE]
     python -m validate upgrade drain  -i <inventory> --node HOST [--timeout S]
+                                      [--force] [--delete-emptydir-data]
                                       [--force-delete] [--dry-run]
     python -m validate upgrade mark   -i <inventory> --node HOST --state STATE [--detail TEXT]
     python -m validate upgrade finish -i <inventory> --node HOST
@@ -16,14 +17,20 @@ is pending; a node at its pins is not drained. It lists the batches (``--serial`
 refuse it now. It writes nothing. A node whose versions cannot be read is listed as unreadable
 and not upgraded.
 
-``drain`` records the state on the Node (``<prefix>/upgrade-state``, ``<prefix>/upgrade-detail``),
-cordons it, puts the validation taint on it (``<prefix>/validation=upgrading``: the gate lifts it
-only on a pass) and evicts its pods through the Eviction API, so the API server enforces every
-PDB. DaemonSet pods and static (mirror) pods are left, as ``kubectl drain --ignore-daemonsets``
-leaves them; every other pod is evicted, a bare one too (the plan says it will not come back).
-A refused eviction (429) is asked again every few seconds until ``--timeout``; then the node is
-left cordoned and tainted, its state ``drain-timeout`` with the pods and PDBs in the way, and
-the command exits 1. Only ``--force-delete`` (the inventory's ``gpuready_upgrade_force_delete``)
+``drain`` first applies ``kubectl drain``'s guards to the pods it would evict: a bare pod (no
+controller ``ownerReference``: nothing recreates it) is refused unless ``--force`` (the
+inventory's ``gpuready_upgrade_drain_force``), a pod with ``emptyDir`` volumes (data lost with
+it) unless ``--delete-emptydir-data`` (``gpuready_upgrade_drain_delete_emptydir_data``); a
+finished pod (Succeeded, Failed) passes both, as in kubectl. A refusal names every refused pod
+and the variable that would let it go, changes nothing on the Node (no cordon, taint or state)
+and exits 1. Otherwise it records the state on the Node (``<prefix>/upgrade-state``,
+``<prefix>/upgrade-detail``), cordons it, puts the validation taint on it
+(``<prefix>/validation=upgrading``: the gate lifts it only on a pass) and evicts its pods
+through the Eviction API, so the API server enforces every PDB. DaemonSet pods and static
+(mirror) pods are left, as ``kubectl drain --ignore-daemonsets`` leaves them. A refused
+eviction (429) is asked again every few seconds until ``--timeout``; then the node is left
+cordoned and tainted, its state ``drain-timeout`` with the pods and PDBs in the way, and the
+command exits 1. Only ``--force-delete`` (the inventory's ``gpuready_upgrade_force_delete``)
 deletes the pods still there at the timeout, PDBs notwithstanding; nothing else ever does.
 
 ``mark`` records a state (``upgrading``, ``validating``, ``failed``) with its detail. ``finish``
@@ -66,6 +73,12 @@ TAINT_EFFECT = "NoSchedule"
 RETRY_S = 2.0
 MAX_DETAIL = 1000
 MIRROR = "kubernetes.io/config.mirror"
+# kubectl drain's guards, each with the inventory variable (and the flag) that lets it go.
+GUARD_BARE = "bare"
+GUARD_EMPTYDIR = "emptydir"
+FORCE_VAR = "gpuready_upgrade_drain_force"
+EMPTYDIR_VAR = "gpuready_upgrade_drain_delete_emptydir_data"
+FINISHED = ("Succeeded", "Failed")
 
 
 class UpgradeError(gate.GateError):
@@ -115,6 +128,9 @@ class PodOnNode:
     owner: str  # "ReplicaSet/web-abc", "" for a bare pod
     action: str  # evict | leave (daemonset, mirror)
     why: str = ""
+    # kubectl drain's guards this pod's eviction meets (GUARD_BARE, GUARD_EMPTYDIR).
+    guards: tuple[str, ...] = ()
+    emptydir: tuple[str, ...] = ()  # its emptyDir volumes
 
     @property
     def ref(self) -> str:
@@ -125,14 +141,46 @@ def pod_on_node(pod: Mapping[str, Any]) -> PodOnNode:
     meta = pod.get("metadata") or {}
     owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
     owner = f"{owners[0].get('kind')}/{owners[0].get('name')}" if owners else ""
-    action, why = "evict", "" if owner else "bare pod: nothing recreates it"
+    emptydir = tuple(str(v.get("name", "")) for v in (pod.get("spec") or {}).get("volumes") or []
+                     if v.get("emptyDir") is not None)
+    notes = ([] if owner else ["bare pod: nothing recreates it"]) + (
+        [f"emptyDir data: {', '.join(emptydir)}"] if emptydir else [])
+    action, why = "evict", "; ".join(notes)
+    guards: tuple[str, ...] = ()
     if owners and owners[0].get("kind") == "DaemonSet":
         action, why = "leave", "DaemonSet"
     elif MIRROR in (meta.get("annotations") or {}):
         action, why = "leave", "static pod"
+    elif (pod.get("status") or {}).get("phase") not in FINISHED:
+        # kubectl drain lets a finished pod go without either flag: nothing runs to lose.
+        guards = ((() if owner else (GUARD_BARE,))
+                  + ((GUARD_EMPTYDIR,) if emptydir else ()))
     return PodOnNode(str(meta.get("namespace", "")), str(meta.get("name", "")),
                      str(meta.get("uid", "")), dict(meta.get("labels") or {}), owner, action,
-                     why)
+                     why, guards, emptydir)
+
+
+def guard_vars(pod: PodOnNode) -> list[str]:
+    """The inventory variables a drain needs to evict ``pod`` (kubectl drain's guards)."""
+    return [var for guard, var in ((GUARD_BARE, FORCE_VAR), (GUARD_EMPTYDIR, EMPTYDIR_VAR))
+            if guard in pod.guards]
+
+
+def refusals(pods: Sequence[PodOnNode], *, force: bool,
+             delete_emptydir_data: bool) -> list[str]:
+    """kubectl drain's refusals, one line per pod, naming what would let it go."""
+    lines = []
+    for pod in pods:
+        if pod.action != "evict":
+            continue
+        if GUARD_BARE in pod.guards and not force:
+            lines.append(f"{pod.ref}: a bare pod (no controller recreates it); "
+                         f"{FORCE_VAR}: true evicts it (kubectl drain --force)")
+        if GUARD_EMPTYDIR in pod.guards and not delete_emptydir_data:
+            lines.append(f"{pod.ref}: emptyDir data ({', '.join(pod.emptydir)}) is lost with "
+                         f"it; {EMPTYDIR_VAR}: true evicts it "
+                         "(kubectl drain --delete-emptydir-data)")
+    return lines
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
@@ -338,7 +386,9 @@ def plan_lines(plans: Sequence[NodePlan], serial: str) -> list[str]:
                                                and p.reasons else ""))
             for pod in p.pods:
                 verb = "evict" if pod.action == "evict" else "leave"
-                note = ", ".join(x for x in (pod.owner, pod.why) if x)
+                needs = guard_vars(pod)
+                note = ", ".join(x for x in (pod.owner, pod.why, *(
+                    [f"refused unless {' and '.join(needs)}"] if needs else [])) if x)
                 lines.append(f"    {verb} {pod.ref}" + (f" ({note})" if note else ""))
                 lines += [f"      blocked now: {b}" for b in p.blocked.get(pod.ref, [])]
     lines += [f"{h}: at the pins, not drained" for h in current]
@@ -356,6 +406,8 @@ def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
                            "detail": p.detail,
                            "evict": [x.ref for x in p.pods if x.action == "evict"],
                            "leave": [x.ref for x in p.pods if x.action != "evict"],
+                           "refused_unless": {x.ref: guard_vars(x) for x in p.pods
+                                              if x.action == "evict" and guard_vars(x)},
                            "blocked": p.blocked} for p in plans},
         "lines": plan_lines(plans, serial),
     }
@@ -363,10 +415,18 @@ def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
 
 # -- drain --------------------------------------------------------------------------------------
 def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_delete: bool,
-          dry_run: bool, out: TextIO, clock: Callable[[], float] = time.monotonic,
+          dry_run: bool, out: TextIO, force: bool = False, delete_emptydir_data: bool = False,
+          clock: Callable[[], float] = time.monotonic,
           sleep: Callable[[float], None] = time.sleep) -> ExitCode:
     pods = [pod_on_node(p) for p in api.list_pods(name)]
     evict = [p for p in pods if p.action == "evict"]
+    guarded = refusals(pods, force=force, delete_emptydir_data=delete_emptydir_data)
+    if guarded:
+        # Before any write: the Node is not cordoned, tainted or marked.
+        out.write(f"drain {name}{' (dry run)' if dry_run else ''}: refused, as kubectl drain "
+                  f"refuses; nothing changed on Node {name}:\n"
+                  + "".join(f"  {line}\n" for line in guarded))
+        return ExitCode.CHECK_FAILED
     if dry_run:
         pdbs = api.list_pdbs()
         out.write(f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)\n")
@@ -394,7 +454,9 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
                 continue
             evicted.add(uid)
             refused.pop(uid, None)
-            out.write(f"  evicted {pod.ref}\n")
+            let_go = guard_vars(pod)
+            out.write(f"  evicted {pod.ref}"
+                      + (f" ({pod.why}; {', '.join(let_go)})" if let_go else "") + "\n")
         present = {(p.get("metadata") or {}).get("uid") for p in api.list_pods(name)}
         left = {uid: p for uid, p in left.items() if uid in present}
         if not left:
@@ -474,7 +536,8 @@ def _cmd(args: argparse.Namespace, stdout: TextIO,
     name = k8s_name(nodes[0])
     if args.upgrade_cmd == "drain":
         return drain(api, name, setup.prefix, timeout_s=args.timeout,
-                     force_delete=args.force_delete, dry_run=args.dry_run, out=stdout)
+                     force_delete=args.force_delete, dry_run=args.dry_run, out=stdout,
+                     force=args.force, delete_emptydir_data=args.delete_emptydir_data)
     if args.upgrade_cmd == "mark":
         write_state(api, name, setup.prefix, args.state, args.detail,
                     taint=True if args.state != FAILED else None)

@@ -63,6 +63,13 @@ def add_parsers(sub: Any, default_out: Path) -> list[argparse.ArgumentParser]:
             p.add_argument("--timeout", type=argtypes.seconds(MAX_DRAIN_TIMEOUT_S),
                            default=DEFAULT_DRAIN_TIMEOUT_S,
                            help="seconds to keep asking refused evictions (default %(default)g)")
+            p.add_argument("--force", action="store_true",
+                           help="evict bare pods too (no controller recreates them), as "
+                                "kubectl drain --force (gpuready_upgrade_drain_force)")
+            p.add_argument("--delete-emptydir-data", action="store_true",
+                           help="evict pods with emptyDir volumes too (their data is lost), as "
+                                "kubectl drain --delete-emptydir-data "
+                                "(gpuready_upgrade_drain_delete_emptydir_data)")
             p.add_argument("--force-delete", action="store_true",
                            help="delete the pods still there at the timeout (PDBs or not)")
             p.add_argument("--dry-run", action="store_true", help="say what, change nothing")
