@@ -52,6 +52,9 @@ def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     for r in drift.itertuples(index=False):
         stdout.write(f"DRIFT {r.node} {r.layer} {r.item}: declared {r.declared}, "
                      f"actual {r.actual} (since {r.since})\n")
+    notes = result.table[result.table["status"] == FindingStatus.NOTE.value]
+    for r in notes.itertuples(index=False):
+        stdout.write(f"NOTE {r.node} {r.layer} {r.item}: {r.actual}; {r.detail}\n")
     if result.labels_unavailable:
         stdout.write(f"NOT COMPARED labels and taints: {result.labels_unavailable}\n")
     else:  # per node: no validation run of it, or one the gate would not act on

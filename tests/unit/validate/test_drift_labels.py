@@ -150,6 +150,53 @@ def test_quarantine_and_the_pools_taint_effect_hold_in_drift(
     assert details["x1-h100"].startswith("the gate decides failed from run r1"), details
 
 
+def test_a_released_node_is_judged_as_the_gate_judges_it_after_the_release(
+        cluster: LocalApiServer, tmp_path: Path, fixtures_dir: Path) -> None:
+    """Issue 41: after `gate --release`, drift judged the node on the run that quarantined it
+    as if there had been no release ("declared quarantined, actual failed", exit 1). The gate
+    after the release keeps the node out, not quarantined, until a run admits it; drift says
+    the same (exit 0 for its labels) and shows the release on the node's line."""
+    host = "rel1-h100"
+    _register(cluster, host)
+    inv = gate_runs.write_inventory(tmp_path / "inventory", [host], prefix=P,
+                                    kubeconfig=cluster.kubeconfig)
+    reports = tmp_path / "reports"
+    run = gate_runs.write_run(fixtures_dir, inv, reports, "r1", NOW - timedelta(hours=1),
+                              faults={host: "xid-79"})
+    code, out, _ = _main("gate", "-i", str(inv), "--run", str(run))
+    assert code == ExitCode.CHECK_FAILED and f"{host}: quarantined" in out, out
+    reason = "GPU 3 reseated, ticket OPS-3"
+    code, out, err = _main("gate", "-i", str(inv), "--release", host, "--reason", reason,
+                           "--log", str(tmp_path / "gate.log"))
+    assert code == ExitCode.OK, out + err
+    code, out, err, table = _drift(inv, reports)
+    assert code == ExitCode.OK, out + err
+    assert "DRIFT" not in out
+    (note,) = table.itertuples(index=False)
+    assert (note.node, note.layer, note.item, note.status) == (host, "labels", "release",
+                                                               "note")
+    assert note.actual.startswith("released by ") and "@" in note.actual
+    assert note.detail == (f"{reason} (quarantine for gpu.xid.79 found by run r1 lifted; the "
+                           "gate judges run r1, measured before the release, as failed: out "
+                           "until a run admits it)")
+    assert f"NOTE {host} labels release: {note.actual}; {reason} (quarantine" in out
+    # The gate itself, on the same run again, agrees: failed, not quarantined again.
+    writes = _writes(cluster)
+    code, out, _ = _main("gate", "-i", str(inv), "--run", str(run))
+    assert code == ExitCode.CHECK_FAILED and f"{host}: failed" in out, out
+    assert _writes(cluster) == writes  # nothing to change on the Node
+    labels = core_api(cluster).read_node(host).metadata.labels
+    assert labels[f"{P}/validation"] == "failed"
+    # A hand edit of the released node is still drift, said with the release.
+    core_api(cluster).patch_node(host, {"metadata": {"labels": {f"{P}/validation": "passed"}}})
+    code, out, err, table = _drift(inv, reports)
+    assert code == ExitCode.CHECK_FAILED, out + err
+    assert (host, f"label {P}/validation", "failed", "passed", "drift") in _labels(table)
+    drifted = table[table["status"] == "drift"].iloc[0]
+    assert drifted["detail"].startswith("the gate decides failed from run r1 (gpu.xid.79), "
+                                        "after the release by "), drifted["detail"]
+
+
 def _copy_run(run: Path, root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     return Path(shutil.copytree(run, root / run.name))
