@@ -10,6 +10,9 @@ check judged on real captures):
 - the gate's rules hold in drift because it is the gate's decision: a quarantine annotation
   removed by hand is drift on a clean run (only a release lifts it), and the failed taint's
   effect is the pool's (NoExecute);
+- after `gate --release`, the released node is judged as the gate judges it after the release
+  (out, not quarantined again, on the run that quarantined it): no drift, exit 0, and a note
+  on the node's line with who released it, when and why;
 - evidence the gate would not act on (a stale run, a run of fewer checks, a run older than
   the one that last judged the Node) is NOT COMPARED for that node, with the gate's code and
   what to do, and makes the run incomplete (exit 2): a hand edit there is not called "no drift";
