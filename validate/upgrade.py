@@ -21,6 +21,11 @@ cordons it, puts the validation taint on it (``<prefix>/validation=upgrading``: 
 only on a pass) and evicts its pods through the Eviction API, so the API server enforces every
 PDB. DaemonSet pods and static (mirror) pods are left, as ``kubectl drain --ignore-daemonsets``
 leaves them; every other pod is evicted, a bare one too (the plan says it will not come back).
+Before its first write it reads the pods and the PDBs and asks the API server whether its user
+may patch the Node and evict (with ``--force-delete``, delete) the pods
+(SelfSubjectAccessReview, ``kubectl auth can-i``): a cluster that serves no policy/v1 PDBs, a
+right it lacks or an answer that is not what was asked for (validate/kube_response.py) stops it
+with the node as it was, exit 2.
 A refused eviction (429) is asked again every few seconds until ``--timeout``; then the node is
 left cordoned and tainted, its state ``drain-timeout`` with the pods and PDBs in the way, and
 the command exits 1. Only ``--force-delete`` (the inventory's ``gpuready_upgrade_force_delete``)
@@ -32,7 +37,9 @@ taint) and records ``done``; a node the gate did not admit stays cordoned, ``fai
 
 Every Node write is one JSON merge patch guarded by the ``resourceVersion`` it was decided on,
 read again on 409 (as the gate does). Exit codes: 0 done; 1 a node is left out (drain timed out,
-not admitted); 2 bad input or a refused request; 3 the API server cannot be reached.
+not admitted); 2 bad input, a refused request (403: named with what to do) or an answer that is
+not what was asked for; 3 the API server cannot be reached or does not accept the credentials
+(401).
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from validate import gate, runner
+from validate import gate, kube_response, runner
 from validate.checks.base import NodeContext
 from validate.drift import pins, probes
 from validate.drift.model import FindingStatus, Layer
@@ -56,6 +63,7 @@ from validate.inventory import Node, load, profile_for
 from validate.labels import UPGRADE_DETAIL, UPGRADE_STATE, taint_key
 from validate.model import ExitCode
 from validate.profiles import ProfileError
+from validate.text import one_line
 from validate.upgrade_cli import FAILED
 
 STATE, DETAIL = UPGRADE_STATE, UPGRADE_DETAIL  # annotations under the prefix (the gate keeps them)
@@ -79,30 +87,76 @@ class UpgradeApi(gate.KubeNodeApi):
     def __init__(self, kubeconfig: Path | None) -> None:
         super().__init__(kubeconfig)
         self._policy = self._client.PolicyV1Api(self._api.api_client)
+        self._authz = self._client.AuthorizationV1Api(self._api.api_client)
+
+    def may(self, verb: str, resource: str, namespace: str = "",
+            subresource: str = "") -> tuple[bool, str]:
+        """Whether the kubeconfig's user may ``verb`` the core ``resource`` (a
+        SelfSubjectAccessReview, what ``kubectl auth can-i`` asks), and the server's reason."""
+        endpoint = "POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": {
+                    "verb": verb, "group": "", "resource": resource,
+                    "subresource": subresource, "namespace": namespace}}}
+        doc = self._call("review", endpoint, self._authz.create_self_subject_access_review,
+                         body)
+        review = self.checked(kube_response.obj, endpoint, doc, "SelfSubjectAccessReview",
+                              "authorization.k8s.io/v1")
+        status = review.get("status") or {}
+        return status.get("allowed") is True, one_line(str(status.get("reason") or ""))
 
     def list_pods(self, node_name: str) -> list[dict[str, Any]]:
-        data = self._call("list", self._api.list_pod_for_all_namespaces,
-                          field_selector=f"spec.nodeName={node_name}")
-        return [dict(p) for p in data.get("items") or []]
+        selector = f"spec.nodeName={node_name}"
+        endpoint = f"GET /api/v1/pods?fieldSelector={selector}"
+        doc = self._call("list", endpoint, self._api.list_pod_for_all_namespaces,
+                         field_selector=selector)
+        pods = self.checked(kube_response.items, endpoint, doc, "Pod", "v1")
+        # A pod of another node in the answer would be evicted from under its workload.
+        elsewhere = [p for p in pods if (p.get("spec") or {}).get("nodeName") != node_name]
+        if elsewhere:
+            meta = elsewhere[0]["metadata"]
+            raise UpgradeError(
+                f"{endpoint}: the API server answered pods of other nodes too (first "
+                f"{one_line(str(meta.get('namespace')))}/{one_line(meta['name'])} on "
+                f"{one_line(str((elsewhere[0].get('spec') or {}).get('nodeName')))}); "
+                "nothing was evicted")
+        return [dict(p) for p in pods]
 
     def list_pdbs(self) -> list[dict[str, Any]]:
-        data = self._call("list", self._policy.list_pod_disruption_budget_for_all_namespaces)
-        return [dict(p) for p in data.get("items") or []]
+        endpoint = "GET /apis/policy/v1/poddisruptionbudgets"
+        try:
+            doc = self._call("list", endpoint,
+                             self._policy.list_pod_disruption_budget_for_all_namespaces)
+        except gate.NotFound as exc:
+            raise UpgradeError(
+                f"the API server at {self.server} does not serve PodDisruptionBudgets of "
+                f"policy/v1 ({exc}): the drain evicts through the Eviction API so that every "
+                "PDB holds, and cannot tell which would refuse without them (Kubernetes 1.21 "
+                "or later serves policy/v1); nothing was changed") from None
+        return [dict(p) for p in self.checked(kube_response.items, endpoint, doc,
+                                              "PodDisruptionBudget", "policy/v1")]
 
     def evict(self, namespace: str, name: str) -> str:
         """``evicted``, ``gone`` (404); raises :class:`gate.TooManyRequests` when a PDB (or
         its controller not having counted yet) refuses."""
+        endpoint = f"POST /api/v1/namespaces/{namespace}/pods/{name}/eviction"
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": name, "namespace": namespace}}
         try:
-            self._call("evict", self._api.create_namespaced_pod_eviction, name, namespace, body)
+            doc = self._call("evict", endpoint, self._api.create_namespaced_pod_eviction, name,
+                             namespace, body)
         except gate.NotFound:
             return "gone"
+        self.checked(kube_response.one_of, endpoint, doc,
+                     {"Status": "v1", "Eviction": "policy/v1"})
         return "evicted"
 
     def delete_pod(self, namespace: str, name: str) -> None:
+        endpoint = f"DELETE /api/v1/namespaces/{namespace}/pods/{name}"
         with contextlib.suppress(gate.NotFound):
-            self._call("delete", self._api.delete_namespaced_pod, name, namespace)
+            doc = self._call("delete", endpoint, self._api.delete_namespaced_pod, name,
+                             namespace)
+            self.checked(kube_response.one_of, endpoint, doc, {"Pod": "v1", "Status": "v1"})
 
 
 # -- pods and PDBs ------------------------------------------------------------------------------
@@ -301,11 +355,12 @@ def batches(hosts: Sequence[str], serial: str) -> list[list[str]]:
 def plan(nodes: Sequence[Node], api: UpgradeApi, prefix: str, *, timeout_s: float,
          concurrency: int, accept_unknown_host_keys: bool) -> list[NodePlan]:
     plans = [NodePlan(n.name, k8s_name(n)) for n in nodes]
+    # The API first: one that cannot answer (or answers wrong) costs no node a probe.
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in api.list_nodes()}
+    pdbs = api.list_pdbs()
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(nodes)))) as pool:
         versions = list(pool.map(
             lambda n: read_versions(n, timeout_s, accept_unknown_host_keys), nodes))
-    by_name = {(n.get("metadata") or {}).get("name"): n for n in api.list_nodes()}
-    pdbs = api.list_pdbs()
     for p, (reasons, unreadable) in zip(plans, versions, strict=True):
         p.reasons, p.unreadable = reasons, unreadable
         node = by_name.get(p.name)
@@ -362,13 +417,42 @@ def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
 
 
 # -- drain --------------------------------------------------------------------------------------
+def permitted(api: UpgradeApi, name: str, evict: Sequence[PodOnNode], *,
+              force_delete: bool) -> None:
+    """Raise UpgradeError unless the kubeconfig's user may do every write the drain does:
+    patch the Node, evict its pods in their namespaces, delete them with ``--force-delete``.
+    Asked before the first write, so that a refusal never leaves a node cordoned with its
+    pods on it."""
+    needs = [("patch", "nodes", "", "")]
+    for namespace in sorted({p.namespace for p in evict}):
+        needs.append(("create", "pods", namespace, "eviction"))
+        if force_delete:
+            needs.append(("delete", "pods", namespace, ""))
+    denied = []
+    for verb, resource, namespace, sub in needs:
+        allowed, reason = api.may(verb, resource, namespace, sub)
+        if not allowed:
+            what = (f"{verb} {resource}" + (f"/{sub}" if sub else "")
+                    + (f" -n {namespace}" if namespace else ""))
+            denied.append(what + (f" ({reason})" if reason else ""))
+    if denied:
+        raise UpgradeError(
+            f"drain {name}: the kubeconfig's user may not {'; '.join(denied)} (asked the API "
+            f"server at {api.server} with a SelfSubjectAccessReview); nothing was changed: "
+            "grant it (`kubectl auth can-i <verb> <resource> -n <namespace>` says whether it "
+            "has it) and drain again")
+
+
 def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_delete: bool,
           dry_run: bool, out: TextIO, clock: Callable[[], float] = time.monotonic,
           sleep: Callable[[float], None] = time.sleep) -> ExitCode:
     pods = [pod_on_node(p) for p in api.list_pods(name)]
     evict = [p for p in pods if p.action == "evict"]
+    # Read and ask before the first write: a cluster without PDBs to hold, an answer that is
+    # not a pod list, or a right the drain lacks stops it with the node as it was.
+    pdbs = api.list_pdbs()
+    permitted(api, name, evict, force_delete=force_delete)
     if dry_run:
-        pdbs = api.list_pdbs()
         out.write(f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)\n")
         for pod in pods:
             out.write(f"  {'evict' if pod.action == 'evict' else 'leave'} {pod.ref}"
@@ -392,6 +476,10 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
                     out.write(f"  refused {pod.ref}: {exc}\n")
                 refused[uid] = str(exc)
                 continue
+            except gate.Forbidden as exc:  # an admission policy: RBAC was asked before
+                raise UpgradeError(f"{exc}. {name} is left cordoned and tainted (state "
+                                   f"{DRAINING}) with {pod.ref} on it; drain again once its "
+                                   "eviction is allowed") from None
             evicted.add(uid)
             refused.pop(uid, None)
             out.write(f"  evicted {pod.ref}\n")
@@ -422,7 +510,10 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
 
 # -- finish -------------------------------------------------------------------------------------
 def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO) -> ExitCode:
-    node = api.get_node(name)
+    try:
+        node = api.get_node(name)
+    except gate.NotFound:
+        raise UpgradeError(f"no Node {name!r} in the cluster (never joined?)") from None
     labels = (node.get("metadata") or {}).get("labels") or {}
     ours = [t for t in (node.get("spec") or {}).get("taints") or []
             if t.get("key") == taint_key(prefix)]
@@ -446,7 +537,7 @@ def cmd_upgrade(args: argparse.Namespace, stdout: TextIO, stderr: TextIO,
     except gate.ApiUnavailable as exc:
         stderr.write(f"error: {exc}\n")
         return ExitCode.UNREACHABLE
-    except gate.GateError as exc:
+    except (gate.GateError, gate.NotFound) as exc:
         stderr.write(f"error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
 

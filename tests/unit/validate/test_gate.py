@@ -462,7 +462,9 @@ def test_an_unreachable_or_refusing_api_exits_2_and_changes_nothing(
     refused.write_text(text.replace(cluster.token, "x" * 48))
     run = copy_run(site["fresh"], tmp_path / "reports")
     for config, words in ((unreachable, "cannot reach the Kubernetes API"),
-                          (refused, "refused the gate (401)")):
+                          (refused, "GET /api/v1/nodes: the API server at "
+                                    f"{cluster.url} did not accept the kubeconfig's "
+                                    "credentials (401 Unauthorized")):
         inv = gate_runs.write_inventory(tmp_path / config.stem, ["u1-h100"], prefix=P,
                                         kubeconfig=config)
         code, out, err = gate("-i", str(inv), "--run", str(run))
