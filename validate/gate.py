@@ -486,13 +486,15 @@ def print_report(report: GateReport, out: TextIO) -> None:
                     (PASSED, FAILED, QUARANTINED) else "")
                  + ("; left as it is" if o.verdict == HELD else ""))
         out.write(f"{o.node}: {state}\n")
+        # What a peer may have written (a Node's labels and annotations, an API message, a
+        # tool's output in a reason) stays on its line (validate/text.py).
         for reason in o.reasons:
-            out.write(f"  ! {reason}\n")
+            out.write(f"  ! {one_line(reason)}\n")
         if o.error:
-            out.write(f"  error: {o.error}\n")
+            out.write(f"  error: {one_line(o.error)}\n")
         for c in o.changes:
-            out.write(f"  {c['kind']} {c['key']}: {c['old'] or '<none>'} -> "
-                      f"{c['new'] or '<none>'}\n")
+            out.write(f"  {c['kind']} {one_line(str(c['key']))}: "
+                      f"{one_line(c['old'] or '<none>')} -> {one_line(c['new'] or '<none>')}\n")
     out.write(report.summary() + "\n")
 
 
@@ -600,7 +602,9 @@ def cmd_release(inventory: Path, node_name: str, reason: str, *, run_dir: Path,
     (``<prefix>/released``: who, when, why) and in the gate's log. The node stays tainted:
     the next fresh, complete passing run admits it."""
     try:
-        why = " ".join(reason.split())
+        # Control characters are kept as visible escapes: the reason is shown on terminals
+        # (this one, kubectl's, a log reader's) as typed, and acts on none of them.
+        why = one_line(" ".join(reason.split()))
         if not why:
             raise GateError("--reason is empty: say why the node may go back (what was "
                             "repaired or replaced, the ticket)")
@@ -645,10 +649,10 @@ def cmd_release(inventory: Path, node_name: str, reason: str, *, run_dir: Path,
     except (GateError, InventoryError, ProfileError, ValueError, OSError) as exc:
         stderr.write(f"gate: error: {exc}\ngate: nothing was changed\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
-    codes = ", ".join(record["codes"])
+    codes = one_line(", ".join(record["codes"]))
     verb = "would release" if dry_run else "released"
-    stdout.write(f"{name}: {verb} from quarantine ({codes}; run {record['run'] or '?'}) by "
-                 f"{who}: {why}\n")
+    stdout.write(f"{name}: {verb} from quarantine ({codes}; run "
+                 f"{one_line(record['run']) or '?'}) by {one_line(who)}: {why}\n")
     for line in changes:
         stdout.write(f"  {line}\n")
     if dry_run:
@@ -674,5 +678,6 @@ def _patch_lines(node: Mapping[str, Any], patch: Mapping[str, Any]) -> list[str]
     for kind, field_name in (("label", "labels"), ("annotation", "annotations")):
         now = meta.get(field_name) or {}
         for key, new in sorted((patch["metadata"].get(field_name) or {}).items()):
-            lines.append(f"{kind} {key}: {now.get(key) or '<none>'} -> {new or '<none>'}")
+            lines.append(f"{kind} {one_line(key)}: {one_line(now.get(key) or '<none>')} -> "
+                         f"{one_line(new or '<none>')}")
     return lines

@@ -417,6 +417,12 @@ def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
 
 
 # -- drain --------------------------------------------------------------------------------------
+def _say(out: TextIO, line: str) -> None:
+    """One line of output; what the API server sent in it (pod names, its messages) cannot
+    break the line or act on the terminal (validate/text.py)."""
+    out.write(one_line(line) + "\n")
+
+
 def permitted(api: UpgradeApi, name: str, evict: Sequence[PodOnNode], *,
               force_delete: bool) -> None:
     """Raise UpgradeError unless the kubeconfig's user may do every write the drain does:
@@ -453,14 +459,14 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
     pdbs = api.list_pdbs()
     permitted(api, name, evict, force_delete=force_delete)
     if dry_run:
-        out.write(f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)\n")
+        _say(out, f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)")
         for pod in pods:
-            out.write(f"  {'evict' if pod.action == 'evict' else 'leave'} {pod.ref}"
-                      + "".join(f"; blocked now: {b}" for b in blocking(pod, pdbs)) + "\n")
+            _say(out, f"  {'evict' if pod.action == 'evict' else 'leave'} {pod.ref}"
+                 + "".join(f"; blocked now: {b}" for b in blocking(pod, pdbs)))
         return ExitCode.OK
     write_state(api, name, prefix, DRAINING, f"evicting {len(evict)} pod(s)", cordon=True,
                 taint=True)
-    out.write(f"drain {name}: cordoned and tainted; evicting {len(evict)} pod(s)\n")
+    _say(out, f"drain {name}: cordoned and tainted; evicting {len(evict)} pod(s)")
     deadline = clock() + timeout_s
     left = {p.uid: p for p in evict}
     evicted: set[str] = set()
@@ -473,7 +479,7 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
                 api.evict(pod.namespace, pod.name)
             except gate.TooManyRequests as exc:
                 if refused.get(uid) != str(exc):
-                    out.write(f"  refused {pod.ref}: {exc}\n")
+                    _say(out, f"  refused {pod.ref}: {exc}")
                 refused[uid] = str(exc)
                 continue
             except gate.Forbidden as exc:  # an admission policy: RBAC was asked before
@@ -482,12 +488,12 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
                                    "eviction is allowed") from None
             evicted.add(uid)
             refused.pop(uid, None)
-            out.write(f"  evicted {pod.ref}\n")
+            _say(out, f"  evicted {pod.ref}")
         present = {(p.get("metadata") or {}).get("uid") for p in api.list_pods(name)}
         left = {uid: p for uid, p in left.items() if uid in present}
         if not left:
             write_state(api, name, prefix, DRAINED, f"evicted {len(evict)} pod(s)")
-            out.write(f"drain {name}: done, {len(evict)} pod(s) evicted\n")
+            _say(out, f"drain {name}: done, {len(evict)} pod(s) evicted")
             return ExitCode.OK
         if clock() >= deadline:
             break
@@ -497,14 +503,14 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
     if force_delete:
         for pod in left.values():
             api.delete_pod(pod.namespace, pod.name)
-            out.write(f"  deleted {pod.ref} (gpuready_upgrade_force_delete)\n")
+            _say(out, f"  deleted {pod.ref} (gpuready_upgrade_force_delete)")
         write_state(api, name, prefix, DRAINED,
                     f"timed out after {timeout_s:g} s; deleted by force: {still}")
         return ExitCode.OK
     write_state(api, name, prefix, DRAIN_TIMEOUT,
                 f"timed out after {timeout_s:g} s; still on the node: {still}")
-    out.write(f"drain {name}: timed out after {timeout_s:g} s; left cordoned and tainted; "
-              f"still on the node: {still}\n")
+    _say(out, f"drain {name}: timed out after {timeout_s:g} s; left cordoned and tainted; "
+         f"still on the node: {still}")
     return ExitCode.CHECK_FAILED
 
 
@@ -522,10 +528,10 @@ def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO) -> ExitCode:
         why = (f"the gate did not admit it (validation {verdict}"
                + (f", taint {ours[0].get('value')}" if ours else "") + ")")
         write_state(api, name, prefix, FAILED, why)
-        out.write(f"upgrade {name}: {why}; left cordoned\n")
+        _say(out, f"upgrade {name}: {why}; left cordoned")
         return ExitCode.CHECK_FAILED
     write_state(api, name, prefix, DONE, "admitted by the gate", cordon=False)
-    out.write(f"upgrade {name}: admitted; uncordoned\n")
+    _say(out, f"upgrade {name}: admitted; uncordoned")
     return ExitCode.OK
 
 
@@ -560,7 +566,9 @@ def _cmd(args: argparse.Namespace, stdout: TextIO,
         if args.format == "json":
             stdout.write(json.dumps(plan_json(plans, args.serial), indent=1) + "\n")
         else:
-            stdout.write("\n".join(plan_lines(plans, args.serial)) + "\n")
+            # The plan's lines carry the nodes' versions and the API's names: one line each.
+            stdout.write("\n".join(one_line(line) for line in plan_lines(plans, args.serial))
+                         + "\n")
         return ExitCode.OK
     name = k8s_name(nodes[0])
     if args.upgrade_cmd == "drain":

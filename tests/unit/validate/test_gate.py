@@ -175,7 +175,7 @@ def copy_run(run: Path, to: Path) -> Path:
 # own with --limit: the API server's Nodes live as long as the module.
 BAD_RUNS = ("stale", "narrow", "cut", "nan", "inf", "empty")
 HOSTS = (*(f"{case}-{mode}-h100" for case in BAD_RUNS for mode in ("dry", "real")),
-         "c1-h100", "c2-h100", "c3-h100", "held-h100", "q-h100", "k8s-name-h100")
+         "c1-h100", "c2-h100", "c3-h100", "held-h100", "q-h100", "k8s-name-h100", "esc-h100")
 
 
 @pytest.fixture(scope="module")
@@ -378,6 +378,48 @@ def test_a_hardware_fault_keeps_the_node_out_through_a_clean_run_until_released(
     labels, notes, taints, _ = node_state(cluster, host)
     assert taints == [] and labels[f"{P}/validated-at"] == "r-fresh"
     assert json.loads(notes[f"{P}/released"]) == released
+
+
+# ESC [2J clears the screen, ESC [H homes the cursor, BEL rings, ESC ] 0 ; ... BEL sets the
+# window title: with a newline, what a hostile value needs to print a fake line of its own.
+FAKE = "\x1b[2J\x1b[H\x07\ngate: patched 0, already right 9; passed 9"
+SHOWN = "\\x1b[2J\\x1b[H\\x07\\ngate: patched 0, already right 9; passed 9"
+
+
+def test_control_characters_from_the_operator_or_the_node_are_shown_not_obeyed(
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
+    """A Node annotation someone wrote, a garbled quarantine record and a release reason carry
+    terminal escapes and a newline: the gate prints them as visible escapes on the line they
+    belong to, and stores the reason that way on the Node and in its log."""
+    host = "esc-h100"
+    register(cluster, host)
+    core_api(cluster).patch_node(host, {"metadata": {"annotations": {f"{P}/note": "ok" + FAKE}}})
+    inv, log = str(site["inventory"]), tmp_path / "gate.log"
+    code, out, err = gate("-i", inv, "--limit", host, "--run", str(site["fresh"]),
+                          "--log", str(log))
+    assert code == ExitCode.OK, (out, err)
+    assert f"  annotation {P}/note: ok{SHOWN} -> <none>" in out.splitlines(), out
+    assert [ln for ln in out.splitlines() if ln.startswith("gate: patched")] == [
+        "gate: patched 1, already right 0; passed 1, failed 0, quarantined 0, held 0, not "
+        "registered 0, errors 0; API calls: 1 list, 1 patch"]
+    record = json.dumps({"codes": ["gpu.xid.79\x1b]0;pwned\x07"], "run": "r\x1b[31m",
+                         "since": NOW.isoformat()})
+    core_api(cluster).patch_node(host, {"metadata": {"annotations": {
+        f"{P}/quarantine": record}}})
+    code, out, err = gate("-i", inv, "--release", host, "--reason", "GPU swapped" + FAKE,
+                          "--log", str(log))
+    assert code == ExitCode.OK, (out, err)
+    assert (f"{host}: released from quarantine (gpu.xid.79\\x1b]0;pwned\\x07; run "
+            "r\\x1b[31m) by ") in out, out
+    # The reason's newline was already folded to a space (one line by design); the escapes
+    # are kept, visibly, wherever it goes.
+    reason = "GPU swapped\\x1b[2J\\x1b[H\\x07 gate: patched 0, already right 9; passed 9"
+    assert out.splitlines()[0].endswith(f": {reason}")
+    released = json.loads(node_state(cluster, host)[1][f"{P}/released"])
+    assert released["reason"] == reason
+    assert json.loads(log.read_text().splitlines()[-1])["reason"] == reason
+    for text in (out, err, log.read_text()):
+        assert not any(c in text for c in "\x1b\x07\r"), repr(text)
 
 
 def test_the_failed_taint_effect_and_the_freshness_window_are_the_pools(
