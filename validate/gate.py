@@ -533,6 +533,15 @@ def setup_for(nodes: Sequence[Node], *, kubeconfig: Path | None = None,
     ``gpuready_label_prefix`` (checked); ``kubeconfig``, else its ``gpuready_kubeconfig``.
     The gate and drift's labels layer (validate/drift/labels.py) both read them here. Raises
     GateError (nodes that disagree on a setting) or ValueError (a prefix that cannot be)."""
+    # node_join_node_name was checked as the inventory was read; a host without it is its
+    # Node's name, which goes into the API's paths.
+    unnamed = [n.name for n in nodes if not n.desired.gate.node_name
+               and not desired.is_node_name(n.name)]
+    if unnamed:
+        raise GateError(f"{desired.NODE_NAME} is not set on host(s) {', '.join(unnamed[:5])}"
+                        + (f" and {len(unnamed) - 5} more" if len(unnamed) > 5 else "")
+                        + ", and the host's inventory name (the Node's name then) is not "
+                        f"{desired.NODE_NAME_RULE}: set it to the name the kubelet registers")
     chosen = check_prefix(prefix or _one_setting(nodes, desired.LABEL_PREFIX,
                                                  lambda n: n.desired.gate.label_prefix) or "")
     config_var = _one_setting(nodes, desired.KUBECONFIG, lambda n: n.desired.gate.kubeconfig)

@@ -568,3 +568,20 @@ def test_a_renamed_node_is_found_and_a_bad_declaration_stops_before_any_patch(
     assert "renamed-node: passed; patched in 1 attempt(s)" in out
     node = core_api(cluster).read_node("renamed-node")
     assert node.metadata.labels[f"{P}/validation"] == "passed"
+
+
+def test_a_node_name_that_is_no_kubernetes_name_is_refused_before_the_api(
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
+    """node_join_node_name '../nodes/x' would go into /api/v1/nodes/<name>: refused as the
+    inventory is read, naming the variable and where it was set; the API is not asked."""
+    bad = gate_runs.write_inventory(tmp_path / "bad", ["c1-h100"], prefix=P,
+                                    kubeconfig=cluster.kubeconfig,
+                                    host_vars={"c1-h100": {"node_join_node_name": "../nodes/x"}})
+    asked = len(cluster.audit())
+    for argv in (("--run", str(site["fresh"])), ("--release", "c1-h100", "--reason", "fixed")):
+        code, out, err = gate("-i", str(bad), *argv)
+        assert (code, out) == (ExitCode.USAGE_OR_TOOL_ERROR, ""), err
+        assert ("node_join_node_name (set on host c1-h100) is '../nodes/x', not a Kubernetes "
+                "Node name (an RFC 1123 subdomain") in err, err
+        assert "nothing was changed" in err
+    assert len(cluster.audit()) == asked
