@@ -23,7 +23,11 @@ inventory's ``gpuready_upgrade_drain_force``), a pod with ``emptyDir`` volumes (
 it) unless ``--delete-emptydir-data`` (``gpuready_upgrade_drain_delete_emptydir_data``); a
 finished pod (Succeeded, Failed) passes both, as in kubectl. A refusal names every refused pod
 and the variable that would let it go, changes nothing on the Node (no cordon, taint or state)
-and exits 1. Otherwise it records the state on the Node (``<prefix>/upgrade-state``,
+and exits 1. Still before its first write it reads the PDBs and asks the API server whether its
+user may patch the Node and evict (with ``--force-delete``, delete) the pods
+(SelfSubjectAccessReview, ``kubectl auth can-i``): a cluster that serves no policy/v1 PDBs, a
+right it lacks or an answer that is not what was asked for (validate/kube_response.py) stops it
+with the node as it was, exit 2. Otherwise it records the state on the Node (``<prefix>/upgrade-state``,
 ``<prefix>/upgrade-detail``), cordons it, puts the validation taint on it
 (``<prefix>/validation=upgrading``: the gate lifts it only on a pass) and evicts its pods
 through the Eviction API, so the API server enforces every PDB. DaemonSet pods and static
@@ -39,7 +43,9 @@ taint) and records ``done``; a node the gate did not admit stays cordoned, ``fai
 
 Every Node write is one JSON merge patch guarded by the ``resourceVersion`` it was decided on,
 read again on 409 (as the gate does). Exit codes: 0 done; 1 a node is left out (drain timed out,
-not admitted); 2 bad input or a refused request; 3 the API server cannot be reached.
+not admitted); 2 bad input, a refused request (403: named with what to do) or an answer that is
+not what was asked for; 3 the API server cannot be reached or does not accept the credentials
+(401).
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from validate import gate, runner
+from validate import gate, kube_response, runner
 from validate.checks.base import NodeContext
 from validate.drift import pins, probes
 from validate.drift.model import FindingStatus, Layer
@@ -63,6 +69,7 @@ from validate.inventory import Node, load, profile_for
 from validate.labels import UPGRADE_DETAIL, UPGRADE_STATE, taint_key
 from validate.model import ExitCode
 from validate.profiles import ProfileError
+from validate.text import one_line
 from validate.upgrade_cli import FAILED
 
 STATE, DETAIL = UPGRADE_STATE, UPGRADE_DETAIL  # annotations under the prefix (the gate keeps them)
@@ -92,30 +99,76 @@ class UpgradeApi(gate.KubeNodeApi):
     def __init__(self, kubeconfig: Path | None) -> None:
         super().__init__(kubeconfig)
         self._policy = self._client.PolicyV1Api(self._api.api_client)
+        self._authz = self._client.AuthorizationV1Api(self._api.api_client)
+
+    def may(self, verb: str, resource: str, namespace: str = "",
+            subresource: str = "") -> tuple[bool, str]:
+        """Whether the kubeconfig's user may ``verb`` the core ``resource`` (a
+        SelfSubjectAccessReview, what ``kubectl auth can-i`` asks), and the server's reason."""
+        endpoint = "POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": {
+                    "verb": verb, "group": "", "resource": resource,
+                    "subresource": subresource, "namespace": namespace}}}
+        doc = self._call("review", endpoint, self._authz.create_self_subject_access_review,
+                         body)
+        review = self.checked(kube_response.obj, endpoint, doc, "SelfSubjectAccessReview",
+                              "authorization.k8s.io/v1")
+        status = review.get("status") or {}
+        return status.get("allowed") is True, one_line(str(status.get("reason") or ""))
 
     def list_pods(self, node_name: str) -> list[dict[str, Any]]:
-        data = self._call("list", self._api.list_pod_for_all_namespaces,
-                          field_selector=f"spec.nodeName={node_name}")
-        return [dict(p) for p in data.get("items") or []]
+        selector = f"spec.nodeName={node_name}"
+        endpoint = f"GET /api/v1/pods?fieldSelector={selector}"
+        doc = self._call("list", endpoint, self._api.list_pod_for_all_namespaces,
+                         field_selector=selector)
+        pods = self.checked(kube_response.items, endpoint, doc, "Pod", "v1")
+        # A pod of another node in the answer would be evicted from under its workload.
+        elsewhere = [p for p in pods if (p.get("spec") or {}).get("nodeName") != node_name]
+        if elsewhere:
+            meta = elsewhere[0]["metadata"]
+            raise UpgradeError(
+                f"{endpoint}: the API server answered pods of other nodes too (first "
+                f"{one_line(str(meta.get('namespace')))}/{one_line(meta['name'])} on "
+                f"{one_line(str((elsewhere[0].get('spec') or {}).get('nodeName')))}); "
+                "nothing was evicted")
+        return [dict(p) for p in pods]
 
     def list_pdbs(self) -> list[dict[str, Any]]:
-        data = self._call("list", self._policy.list_pod_disruption_budget_for_all_namespaces)
-        return [dict(p) for p in data.get("items") or []]
+        endpoint = "GET /apis/policy/v1/poddisruptionbudgets"
+        try:
+            doc = self._call("list", endpoint,
+                             self._policy.list_pod_disruption_budget_for_all_namespaces)
+        except gate.NotFound as exc:
+            raise UpgradeError(
+                f"the API server at {self.server} does not serve PodDisruptionBudgets of "
+                f"policy/v1 ({exc}): the drain evicts through the Eviction API so that every "
+                "PDB holds, and cannot tell which would refuse without them (Kubernetes 1.21 "
+                "or later serves policy/v1); nothing was changed") from None
+        return [dict(p) for p in self.checked(kube_response.items, endpoint, doc,
+                                              "PodDisruptionBudget", "policy/v1")]
 
     def evict(self, namespace: str, name: str) -> str:
         """``evicted``, ``gone`` (404); raises :class:`gate.TooManyRequests` when a PDB (or
         its controller not having counted yet) refuses."""
+        endpoint = f"POST /api/v1/namespaces/{namespace}/pods/{name}/eviction"
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": name, "namespace": namespace}}
         try:
-            self._call("evict", self._api.create_namespaced_pod_eviction, name, namespace, body)
+            doc = self._call("evict", endpoint, self._api.create_namespaced_pod_eviction, name,
+                             namespace, body)
         except gate.NotFound:
             return "gone"
+        self.checked(kube_response.one_of, endpoint, doc,
+                     {"Status": "v1", "Eviction": "policy/v1"})
         return "evicted"
 
     def delete_pod(self, namespace: str, name: str) -> None:
+        endpoint = f"DELETE /api/v1/namespaces/{namespace}/pods/{name}"
         with contextlib.suppress(gate.NotFound):
-            self._call("delete", self._api.delete_namespaced_pod, name, namespace)
+            doc = self._call("delete", endpoint, self._api.delete_namespaced_pod, name,
+                             namespace)
+            self.checked(kube_response.one_of, endpoint, doc, {"Pod": "v1", "Status": "v1"})
 
 
 # -- pods and PDBs ------------------------------------------------------------------------------
@@ -349,11 +402,12 @@ def batches(hosts: Sequence[str], serial: str) -> list[list[str]]:
 def plan(nodes: Sequence[Node], api: UpgradeApi, prefix: str, *, timeout_s: float,
          concurrency: int, accept_unknown_host_keys: bool) -> list[NodePlan]:
     plans = [NodePlan(n.name, k8s_name(n)) for n in nodes]
+    # The API first: one that cannot answer (or answers wrong) costs no node a probe.
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in api.list_nodes()}
+    pdbs = api.list_pdbs()
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(nodes)))) as pool:
         versions = list(pool.map(
             lambda n: read_versions(n, timeout_s, accept_unknown_host_keys), nodes))
-    by_name = {(n.get("metadata") or {}).get("name"): n for n in api.list_nodes()}
-    pdbs = api.list_pdbs()
     for p, (reasons, unreadable) in zip(plans, versions, strict=True):
         p.reasons, p.unreadable = reasons, unreadable
         node = by_name.get(p.name)
@@ -414,6 +468,38 @@ def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
 
 
 # -- drain --------------------------------------------------------------------------------------
+def _say(out: TextIO, line: str) -> None:
+    """One line of output; what the API server sent in it (pod names, its messages) cannot
+    break the line or act on the terminal (validate/text.py)."""
+    out.write(one_line(line) + "\n")
+
+
+def permitted(api: UpgradeApi, name: str, evict: Sequence[PodOnNode], *,
+              force_delete: bool) -> None:
+    """Raise UpgradeError unless the kubeconfig's user may do every write the drain does:
+    patch the Node, evict its pods in their namespaces, delete them with ``--force-delete``.
+    Asked before the first write, so that a refusal never leaves a node cordoned with its
+    pods on it."""
+    needs = [("patch", "nodes", "", "")]
+    for namespace in sorted({p.namespace for p in evict}):
+        needs.append(("create", "pods", namespace, "eviction"))
+        if force_delete:
+            needs.append(("delete", "pods", namespace, ""))
+    denied = []
+    for verb, resource, namespace, sub in needs:
+        allowed, reason = api.may(verb, resource, namespace, sub)
+        if not allowed:
+            what = (f"{verb} {resource}" + (f"/{sub}" if sub else "")
+                    + (f" -n {namespace}" if namespace else ""))
+            denied.append(what + (f" ({reason})" if reason else ""))
+    if denied:
+        raise UpgradeError(
+            f"drain {name}: the kubeconfig's user may not {'; '.join(denied)} (asked the API "
+            f"server at {api.server} with a SelfSubjectAccessReview); nothing was changed: "
+            "grant it (`kubectl auth can-i <verb> <resource> -n <namespace>` says whether it "
+            "has it) and drain again")
+
+
 def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_delete: bool,
           dry_run: bool, out: TextIO, force: bool = False, delete_emptydir_data: bool = False,
           clock: Callable[[], float] = time.monotonic,
@@ -423,20 +509,24 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
     guarded = refusals(pods, force=force, delete_emptydir_data=delete_emptydir_data)
     if guarded:
         # Before any write: the Node is not cordoned, tainted or marked.
-        out.write(f"drain {name}{' (dry run)' if dry_run else ''}: refused, as kubectl drain "
-                  f"refuses; nothing changed on Node {name}:\n"
-                  + "".join(f"  {line}\n" for line in guarded))
+        _say(out, f"drain {name}{' (dry run)' if dry_run else ''}: refused, as kubectl drain "
+                  f"refuses; nothing changed on Node {name}:")
+        for line in guarded:
+            _say(out, f"  {line}")
         return ExitCode.CHECK_FAILED
+    # Read and ask before the first write: a cluster without PDBs to hold, an answer that is
+    # not a pod list, or a right the drain lacks stops it with the node as it was.
+    pdbs = api.list_pdbs()
+    permitted(api, name, evict, force_delete=force_delete)
     if dry_run:
-        pdbs = api.list_pdbs()
-        out.write(f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)\n")
+        _say(out, f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)")
         for pod in pods:
-            out.write(f"  {'evict' if pod.action == 'evict' else 'leave'} {pod.ref}"
-                      + "".join(f"; blocked now: {b}" for b in blocking(pod, pdbs)) + "\n")
+            _say(out, f"  {'evict' if pod.action == 'evict' else 'leave'} {pod.ref}"
+                 + "".join(f"; blocked now: {b}" for b in blocking(pod, pdbs)))
         return ExitCode.OK
     write_state(api, name, prefix, DRAINING, f"evicting {len(evict)} pod(s)", cordon=True,
                 taint=True)
-    out.write(f"drain {name}: cordoned and tainted; evicting {len(evict)} pod(s)\n")
+    _say(out, f"drain {name}: cordoned and tainted; evicting {len(evict)} pod(s)")
     deadline = clock() + timeout_s
     left = {p.uid: p for p in evict}
     evicted: set[str] = set()
@@ -449,19 +539,23 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
                 api.evict(pod.namespace, pod.name)
             except gate.TooManyRequests as exc:
                 if refused.get(uid) != str(exc):
-                    out.write(f"  refused {pod.ref}: {exc}\n")
+                    _say(out, f"  refused {pod.ref}: {exc}")
                 refused[uid] = str(exc)
                 continue
+            except gate.Forbidden as exc:  # an admission policy: RBAC was asked before
+                raise UpgradeError(f"{exc}. {name} is left cordoned and tainted (state "
+                                   f"{DRAINING}) with {pod.ref} on it; drain again once its "
+                                   "eviction is allowed") from None
             evicted.add(uid)
             refused.pop(uid, None)
             let_go = guard_vars(pod)
-            out.write(f"  evicted {pod.ref}"
-                      + (f" ({pod.why}; {', '.join(let_go)})" if let_go else "") + "\n")
+            _say(out, f"  evicted {pod.ref}"
+                 + (f" ({pod.why}; {', '.join(let_go)})" if let_go else ""))
         present = {(p.get("metadata") or {}).get("uid") for p in api.list_pods(name)}
         left = {uid: p for uid, p in left.items() if uid in present}
         if not left:
             write_state(api, name, prefix, DRAINED, f"evicted {len(evict)} pod(s)")
-            out.write(f"drain {name}: done, {len(evict)} pod(s) evicted\n")
+            _say(out, f"drain {name}: done, {len(evict)} pod(s) evicted")
             return ExitCode.OK
         if clock() >= deadline:
             break
@@ -471,20 +565,23 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
     if force_delete:
         for pod in left.values():
             api.delete_pod(pod.namespace, pod.name)
-            out.write(f"  deleted {pod.ref} (gpuready_upgrade_force_delete)\n")
+            _say(out, f"  deleted {pod.ref} (gpuready_upgrade_force_delete)")
         write_state(api, name, prefix, DRAINED,
                     f"timed out after {timeout_s:g} s; deleted by force: {still}")
         return ExitCode.OK
     write_state(api, name, prefix, DRAIN_TIMEOUT,
                 f"timed out after {timeout_s:g} s; still on the node: {still}")
-    out.write(f"drain {name}: timed out after {timeout_s:g} s; left cordoned and tainted; "
-              f"still on the node: {still}\n")
+    _say(out, f"drain {name}: timed out after {timeout_s:g} s; left cordoned and tainted; "
+         f"still on the node: {still}")
     return ExitCode.CHECK_FAILED
 
 
 # -- finish -------------------------------------------------------------------------------------
 def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO) -> ExitCode:
-    node = api.get_node(name)
+    try:
+        node = api.get_node(name)
+    except gate.NotFound:
+        raise UpgradeError(f"no Node {name!r} in the cluster (never joined?)") from None
     labels = (node.get("metadata") or {}).get("labels") or {}
     ours = [t for t in (node.get("spec") or {}).get("taints") or []
             if t.get("key") == taint_key(prefix)]
@@ -493,10 +590,10 @@ def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO) -> ExitCode:
         why = (f"the gate did not admit it (validation {verdict}"
                + (f", taint {ours[0].get('value')}" if ours else "") + ")")
         write_state(api, name, prefix, FAILED, why)
-        out.write(f"upgrade {name}: {why}; left cordoned\n")
+        _say(out, f"upgrade {name}: {why}; left cordoned")
         return ExitCode.CHECK_FAILED
     write_state(api, name, prefix, DONE, "admitted by the gate", cordon=False)
-    out.write(f"upgrade {name}: admitted; uncordoned\n")
+    _say(out, f"upgrade {name}: admitted; uncordoned")
     return ExitCode.OK
 
 
@@ -508,7 +605,7 @@ def cmd_upgrade(args: argparse.Namespace, stdout: TextIO, stderr: TextIO,
     except gate.ApiUnavailable as exc:
         stderr.write(f"error: {exc}\n")
         return ExitCode.UNREACHABLE
-    except gate.GateError as exc:
+    except (gate.GateError, gate.NotFound) as exc:
         stderr.write(f"error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
 
@@ -531,7 +628,9 @@ def _cmd(args: argparse.Namespace, stdout: TextIO,
         if args.format == "json":
             stdout.write(json.dumps(plan_json(plans, args.serial), indent=1) + "\n")
         else:
-            stdout.write("\n".join(plan_lines(plans, args.serial)) + "\n")
+            # The plan's lines carry the nodes' versions and the API's names: one line each.
+            stdout.write("\n".join(one_line(line) for line in plan_lines(plans, args.serial))
+                         + "\n")
         return ExitCode.OK
     name = k8s_name(nodes[0])
     if args.upgrade_cmd == "drain":

@@ -47,7 +47,7 @@ def add_parsers(sub: Any, default_out: Path) -> list[argparse.ArgumentParser]:
                        help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
         p.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
         if verb == "plan":
-            p.add_argument("-l", "--limit", help="Ansible host pattern")
+            p.add_argument("-l", "--limit", type=argtypes.limit, help="Ansible host pattern")
             p.add_argument("--serial", type=serial_arg, default="1",
                            help="nodes per batch: a count or a percentage (default 1)")
             p.add_argument("--format", choices=("text", "json"), default="text")

@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from tests.conftest import closed_port
 from tests.kube_helpers import LocalApiServer, core_api, loopback_address, running_apiserver
 from tests.unit.validate import gate_runs
 from validate import cli
@@ -281,11 +282,16 @@ def test_an_unavailable_api_makes_the_run_incomplete_unless_deselected(
     code, out, err, table = _drift(inv_none, reports)
     assert code == ExitCode.USAGE_OR_TOOL_ERROR, out + err
     assert "NOT COMPARED labels and taints: cannot load the kubeconfig" in out
-    # Deselected: not asked, not said, and the exit code is the other layers' alone.
-    code, out, err = _main("drift", "-i", str(inv_dead), "--out", str(reports), "--layers",
-                           "performance", "--perf-checks", "")
-    assert code == ExitCode.OK, out + err
-    assert "NOT COMPARED" not in out + err
+    # Deselected: not asked, not said, and the exit code is the other layers' alone (here the
+    # versions layer's: the node refuses the connection). A drift that compares no layer at
+    # all (--layers performance --perf-checks '') is a usage error, not the exit 0 it was.
+    inv_refusing = gate_runs.write_inventory(
+        tmp_path / "c", ["u1-h100"], prefix=P, kubeconfig=dead,
+        host_vars={"u1-h100": {"ansible_host": "127.0.0.1", "ansible_port": closed_port()}})
+    code, out, err = _main("drift", "-i", str(inv_refusing), "--out", str(reports), "--layers",
+                           "versions", "--accept-unknown-host-keys")
+    assert code == ExitCode.UNREACHABLE, out + err
+    assert "NOT COMPARED" not in out + err and "labels" not in out + err
 
 
 def test_the_newest_validation_run_of_each_node_is_judged_never_a_drift_run(
