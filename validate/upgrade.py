@@ -27,8 +27,8 @@ and exits 1. Still before its first write it reads the PDBs and asks the API ser
 user may patch the Node and evict (with ``--force-delete``, delete) the pods
 (SelfSubjectAccessReview, ``kubectl auth can-i``): a cluster that serves no policy/v1 PDBs, a
 right it lacks or an answer that is not what was asked for (validate/kube_response.py) stops it
-with the node as it was, exit 2. Otherwise it records the state on the Node (``<prefix>/upgrade-state``,
-``<prefix>/upgrade-detail``), cordons it, puts the validation taint on it
+with the node as it was, exit 2. Otherwise it records the state on the Node
+(``<prefix>/upgrade-state``, ``<prefix>/upgrade-detail``), cordons it, puts the validation taint on it
 (``<prefix>/validation=upgrading``: the gate lifts it only on a pass) and evicts its pods
 through the Eviction API, so the API server enforces every PDB. DaemonSet pods and static
 (mirror) pods are left, as ``kubectl drain --ignore-daemonsets`` leaves them. A refused
