@@ -17,20 +17,20 @@ is pending; a node at its pins is not drained. It lists the batches (``--serial`
 refuse it now. It writes nothing. A node whose versions cannot be read is listed as unreadable
 and not upgraded.
 
-``drain`` first applies ``kubectl drain``'s guards to the pods it would evict: a bare pod (no
-controller ``ownerReference``: nothing recreates it) is refused unless ``--force`` (the
-inventory's ``gpuready_upgrade_drain_force``), a pod with ``emptyDir`` volumes (data lost with
-it) unless ``--delete-emptydir-data`` (``gpuready_upgrade_drain_delete_emptydir_data``); a
-finished pod (Succeeded, Failed) passes both, as in kubectl. A refusal names every refused pod
-and the variable that would let it go, changes nothing on the Node (no cordon, taint or state)
-and exits 1. Still before its first write it reads the PDBs and asks the API server whether its
-user may patch the Node and evict (with ``--force-delete``, delete) the pods
-(SelfSubjectAccessReview, ``kubectl auth can-i``): a cluster that serves no policy/v1 PDBs, a
-right it lacks or an answer that is not what was asked for (validate/kube_response.py) stops it
-with the node as it was, exit 2. Otherwise it records the state on the Node
-(``<prefix>/upgrade-state``, ``<prefix>/upgrade-detail``), cordons it, puts the validation taint on it
-(``<prefix>/validation=upgrading``: the gate lifts it only on a pass) and evicts its pods
-through the Eviction API, so the API server enforces every PDB. DaemonSet pods and static
+``drain`` first reads the node's pods and the PDBs and asks the API server whether its user may
+patch the Node and evict (with ``--force-delete``, delete) the pods (SelfSubjectAccessReview,
+``kubectl auth can-i``): a cluster that serves no policy/v1 PDBs, a right it lacks or an answer
+that is not what was asked for (validate/kube_response.py) stops it with the node as it was,
+exit 2. Then ``kubectl drain``'s guards, still before any write: a bare pod (no controller
+``ownerReference``: nothing recreates it) is refused unless ``--force`` (the inventory's
+``gpuready_upgrade_drain_force``), a pod with ``emptyDir`` volumes (data lost with it) unless
+``--delete-emptydir-data`` (``gpuready_upgrade_drain_delete_emptydir_data``); a finished pod
+(Succeeded, Failed) passes both, as in kubectl. A refusal names every refused pod and the
+variable that would let it go, changes nothing on the Node (no cordon, taint or state) and exits
+1. Otherwise it records the state on the Node
+(``<prefix>/upgrade-state``, ``<prefix>/upgrade-detail``), cordons it, puts the validation
+taint on it (``<prefix>/validation=upgrading``: the gate lifts it only on a pass) and evicts its
+pods through the Eviction API, so the API server enforces every PDB. DaemonSet pods and static
 (mirror) pods are left, as ``kubectl drain --ignore-daemonsets`` leaves them. A refused
 eviction (429) is asked again every few seconds until ``--timeout``; then the node is left
 cordoned and tainted, its state ``drain-timeout`` with the pods and PDBs in the way, and the
@@ -506,18 +506,18 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
           sleep: Callable[[float], None] = time.sleep) -> ExitCode:
     pods = [pod_on_node(p) for p in api.list_pods(name)]
     evict = [p for p in pods if p.action == "evict"]
+    # Read and ask before the first write: a cluster without PDBs to hold, an answer that is
+    # not a pod list, or a right the drain lacks stops it with the node as it was.
+    pdbs = api.list_pdbs()
+    permitted(api, name, evict, force_delete=force_delete)
     guarded = refusals(pods, force=force, delete_emptydir_data=delete_emptydir_data)
     if guarded:
-        # Before any write: the Node is not cordoned, tainted or marked.
+        # kubectl's guards, still before any write: the Node is not cordoned, tainted or marked.
         _say(out, f"drain {name}{' (dry run)' if dry_run else ''}: refused, as kubectl drain "
                   f"refuses; nothing changed on Node {name}:")
         for line in guarded:
             _say(out, f"  {line}")
         return ExitCode.CHECK_FAILED
-    # Read and ask before the first write: a cluster without PDBs to hold, an answer that is
-    # not a pod list, or a right the drain lacks stops it with the node as it was.
-    pdbs = api.list_pdbs()
-    permitted(api, name, evict, force_delete=force_delete)
     if dry_run:
         _say(out, f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)")
         for pod in pods:
