@@ -210,8 +210,9 @@ def test_a_403_on_an_eviction_names_the_request_and_what_to_do(
               f"{NS} are checkpointing")
     peer.rules.append(Rule("POST", r"/pods/web-0/eviction$",
                            Answer(403, status_body(403, "Forbidden", denial))))
+    # web-0 is a bare pod: --force lets kubectl's guard pass it (test_upgrade.py has the guard).
     code, out, err = main("upgrade", "drain", "-i", str(site["inventory"]), "--node", "u2-h100",
-                          "--timeout", "5")
+                          "--timeout", "5", "--force")
     assert code == ExitCode.USAGE_OR_TOOL_ERROR, (out, err)
     assert (f"error: POST /api/v1/namespaces/{NS}/pods/web-0/eviction: the API server at "
             f"{peer.url} answered 403 Forbidden: {denial}; if RBAC refused it, the "
