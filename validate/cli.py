@@ -48,6 +48,7 @@ from validate.errors import InputError
 from validate.model import ExitCode
 from validate.parsers import ParseError
 from validate.runlog import RUN_LOG, route_logs
+from validate.text import printable
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "reports"
 # The modules that register the command families, in the order `--help` lists them. Each has
@@ -103,7 +104,12 @@ class _ReaderSafe(io.TextIOBase):
     """An output stream whose write/flush never raise: a reader that went away (``python -m
     validate parse ... | head``), a closed stderr or a stream that is None (the process started
     with fd 1/2 closed) ends the output, not the command. A ``run`` whose progress reader goes
-    away still writes its report and returns its own exit code."""
+    away still writes its report and returns its own exit code.
+
+    Everything written is escaped (validate/text.py): a control character an operator typed or
+    a peer sent (a release reason, a Node's annotation, a version string, an API server's error
+    page) is shown, never acted on by the terminal. Only newline and tab pass; the commands
+    escape those too inside a value they print within a line."""
 
     def __init__(self, stream: TextIO | None) -> None:
         super().__init__()
@@ -116,7 +122,7 @@ class _ReaderSafe(io.TextIOBase):
     def write(self, text: str) -> int:
         if not self.reader_gone and self._stream is not None:
             try:
-                self._stream.write(text)
+                self._stream.write(printable(text))
             except (OSError, ValueError):  # BrokenPipeError, or a closed file
                 self.reader_gone = True
         return len(text)

@@ -82,6 +82,9 @@ PROFILE_VARS = (THRESHOLDS, DRIVE_CLASS, SCRATCH_PATH, CHECKPOINT_PATH)
 _NO_SPACE = re.compile(r"^\S+$")
 # A profile name: the stem of validate/profiles/<name>.yml.
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# A Node's name: an RFC 1123 subdomain, as the API server validates it.
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_NODE_NAME = 253
 
 # The largest size a storage check may be asked to write, in MiB (1 PiB). A larger figure is a
 # typo (an exponent, a unit mix-up), and past 2**63 KiB the node's shell cannot even compare
@@ -310,6 +313,25 @@ def _taint_effect(value: Any) -> str:
     return str(value)
 
 
+NODE_NAME_RULE = ("a Kubernetes Node name (an RFC 1123 subdomain: lowercase letters, digits, "
+                  "'-' and '.', each part starting and ending with a letter or digit, at most "
+                  f"{MAX_NODE_NAME} characters)")
+
+
+def is_node_name(name: str) -> bool:
+    """Whether ``name`` can be a Kubernetes Node's name. The gate, drift and the upgrade put it
+    in the API's paths (``/api/v1/nodes/<name>``), the join in kubeadm's configuration:
+    ``../nodes/x`` or ``GPU_01`` is no Node, and must not be sent as one."""
+    return len(name) <= MAX_NODE_NAME and bool(_SUBDOMAIN.match(name))
+
+
+def _node_name(value: Any) -> str:
+    text = _line(value)
+    if not is_node_name(text):
+        raise _Bad(f"is {text!r}, not {NODE_NAME_RULE}")
+    return text
+
+
 def _label_prefix(value: Any) -> str:
     text = _word(value)
     try:
@@ -403,7 +425,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     LABEL_PREFIX: _label_prefix,
     GATE_MAX_RUN_AGE: _duration_s,
     GATE_TAINT_EFFECT: _taint_effect,
-    NODE_NAME: _word,
+    NODE_NAME: _node_name,
     PERSISTENCED: _bool,
     PEERMEM_FABRICS: _words,
     KERNEL_MODULES: _words,

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import urllib3
 
-from validate import desired
+from validate import desired, kube_response
 from validate.inventory import InventoryError, Node, load, profile_for
 from validate.labels import (
     CODE_NOT_REGISTERED,
@@ -77,6 +77,7 @@ from validate.labels import (
 )
 from validate.model import ExitCode
 from validate.profiles import ProfileError
+from validate.text import one_line
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]  # no pandas-stubs pinned
@@ -108,6 +109,11 @@ class TooManyRequests(GateError):
     """429: the API server refused for now (an eviction a PodDisruptionBudget does not allow)."""
 
 
+class Forbidden(GateError):
+    """403: the API server refused the request (RBAC, or an admission policy); the message
+    names the request and what to do."""
+
+
 class Conflict(Exception):
     """409: the Node changed since it was read."""
 
@@ -134,7 +140,9 @@ class KubeNodeApi:
 
     Responses are read as plain JSON (``_preload_content=False``): the gate works on the API's
     objects as the API sends them, and turning a thousand Nodes into model objects it never
-    uses would cost most of its time."""
+    uses would cost most of its time. Each is checked before use (validate/kube_response.py:
+    JSON, its kind and apiVersion, the types of the fields read); one that is not what was
+    asked for is a GateError naming the request and what came back."""
 
     def __init__(self, kubeconfig: Path | None, timeout: tuple[float, float] = (5.0, 60.0)):
         from kubernetes import client, config  # noqa: PLC0415 (slow import; gate only)
@@ -155,27 +163,31 @@ class KubeNodeApi:
         self.server: str = str(configuration.host)
         self.calls: Counter[str] = Counter()
 
-    def _call(self, verb: str, method: Callable[..., Any], *args: Any,
-              **kwargs: Any) -> dict[str, Any]:
+    def _call(self, verb: str, endpoint: str, method: Callable[..., Any], *args: Any,
+              **kwargs: Any) -> Any:
+        """One request (``endpoint``: ``GET /api/v1/nodes``, as messages name it); its body
+        as JSON, decoded by kube_response (the caller checks its kind)."""
         self.calls[verb] += 1
         try:
             response = method(*args, _preload_content=False, _request_timeout=self._timeout,
                               **kwargs)
-            data: dict[str, Any] = json.loads(response.data)
-            return data
+            data = response.data
         except self._client.exceptions.ApiException as exc:
             status = int(exc.status or 0)
-            message = _status_message(exc.body) or str(exc.reason)
+            message = kube_response.status_message(exc.body) or one_line(str(exc.reason))
             if status == 409:
                 raise Conflict(message) from None
             if status == 404:
-                raise NotFound(message) from None
+                raise NotFound(f"{endpoint}: 404 Not Found: {message}") from None
             if status == 429:
                 raise TooManyRequests(message) from None
-            if status in (401, 403):
-                raise ApiUnavailable(f"the API server at {self.server} refused the gate "
-                                     f"({status}): {message}") from None
-            raise GateError(f"the API server at {self.server} answered {status}: "
+            if status == 401:
+                raise ApiUnavailable(kube_response.refusal(endpoint, self.server, status,
+                                                           message)) from None
+            if status == 403:
+                raise Forbidden(kube_response.refusal(endpoint, self.server, status,
+                                                      message)) from None
+            raise GateError(f"{endpoint}: the API server at {self.server} answered {status}: "
                             f"{message}") from None
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             untrusted = _certificate_failure(exc)
@@ -188,25 +200,35 @@ class KubeNodeApi:
             # MaxRetryError (retries are off) carries the refused or timed-out connection.
             raise ApiUnavailable(f"cannot reach the Kubernetes API at {self.server}: "
                                  f"{_short(exc)}") from None
+        try:
+            return kube_response.decode(endpoint, data)
+        except kube_response.BadResponse as exc:
+            raise GateError(str(exc)) from None
+
+    def checked(self, check: Callable[..., Any], endpoint: str, doc: Any, *args: Any) -> Any:
+        """``check(endpoint, doc, *args)`` (a kube_response check), its BadResponse a
+        GateError."""
+        try:
+            return check(endpoint, doc, *args)
+        except kube_response.BadResponse as exc:
+            raise GateError(str(exc)) from None
 
     def list_nodes(self) -> list[dict[str, Any]]:
-        items = self._call("list", self._api.list_node).get("items") or []
-        return [dict(item) for item in items]
+        endpoint = "GET /api/v1/nodes"
+        doc = self._call("list", endpoint, self._api.list_node)
+        return [dict(item) for item in self.checked(kube_response.items, endpoint, doc, "Node",
+                                                    "v1")]
 
     def get_node(self, name: str) -> dict[str, Any]:
-        return self._call("get", self._api.read_node, name)
+        endpoint = f"GET /api/v1/nodes/{name}"
+        doc = self._call("get", endpoint, self._api.read_node, name)
+        return dict(self.checked(kube_response.obj, endpoint, doc, "Node", "v1"))
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call("patch", self._api.patch_node, name, dict(patch),
-                          _content_type=MERGE_PATCH)
-
-
-def _status_message(body: Any) -> str:
-    try:
-        doc = json.loads(body or "{}")
-    except (TypeError, ValueError):
-        return str(body or "")
-    return str(doc.get("message", "")) if isinstance(doc, dict) else ""
+        endpoint = f"PATCH /api/v1/nodes/{name}"
+        doc = self._call("patch", endpoint, self._api.patch_node, name, dict(patch),
+                         _content_type=MERGE_PATCH)
+        return dict(self.checked(kube_response.obj, endpoint, doc, "Node", "v1"))
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
@@ -464,13 +486,15 @@ def print_report(report: GateReport, out: TextIO) -> None:
                     (PASSED, FAILED, QUARANTINED) else "")
                  + ("; left as it is" if o.verdict == HELD else ""))
         out.write(f"{o.node}: {state}\n")
+        # What a peer may have written (a Node's labels and annotations, an API message, a
+        # tool's output in a reason) stays on its line (validate/text.py).
         for reason in o.reasons:
-            out.write(f"  ! {reason}\n")
+            out.write(f"  ! {one_line(reason)}\n")
         if o.error:
-            out.write(f"  error: {o.error}\n")
+            out.write(f"  error: {one_line(o.error)}\n")
         for c in o.changes:
-            out.write(f"  {c['kind']} {c['key']}: {c['old'] or '<none>'} -> "
-                      f"{c['new'] or '<none>'}\n")
+            out.write(f"  {c['kind']} {one_line(str(c['key']))}: "
+                      f"{one_line(c['old'] or '<none>')} -> {one_line(c['new'] or '<none>')}\n")
     out.write(report.summary() + "\n")
 
 
@@ -509,6 +533,15 @@ def setup_for(nodes: Sequence[Node], *, kubeconfig: Path | None = None,
     ``gpuready_label_prefix`` (checked); ``kubeconfig``, else its ``gpuready_kubeconfig``.
     The gate and drift's labels layer (validate/drift/labels.py) both read them here. Raises
     GateError (nodes that disagree on a setting) or ValueError (a prefix that cannot be)."""
+    # node_join_node_name was checked as the inventory was read; a host without it is its
+    # Node's name, which goes into the API's paths.
+    unnamed = [n.name for n in nodes if not n.desired.gate.node_name
+               and not desired.is_node_name(n.name)]
+    if unnamed:
+        raise GateError(f"{desired.NODE_NAME} is not set on host(s) {', '.join(unnamed[:5])}"
+                        + (f" and {len(unnamed) - 5} more" if len(unnamed) > 5 else "")
+                        + ", and the host's inventory name (the Node's name then) is not "
+                        f"{desired.NODE_NAME_RULE}: set it to the name the kubelet registers")
     chosen = check_prefix(prefix or _one_setting(nodes, desired.LABEL_PREFIX,
                                                  lambda n: n.desired.gate.label_prefix) or "")
     config_var = _one_setting(nodes, desired.KUBECONFIG, lambda n: n.desired.gate.kubeconfig)
@@ -578,7 +611,9 @@ def cmd_release(inventory: Path, node_name: str, reason: str, *, run_dir: Path,
     (``<prefix>/released``: who, when, why) and in the gate's log. The node stays tainted:
     the next fresh, complete passing run admits it."""
     try:
-        why = " ".join(reason.split())
+        # Control characters are kept as visible escapes: the reason is shown on terminals
+        # (this one, kubectl's, a log reader's) as typed, and acts on none of them.
+        why = one_line(" ".join(reason.split()))
         if not why:
             raise GateError("--reason is empty: say why the node may go back (what was "
                             "repaired or replaced, the ticket)")
@@ -623,10 +658,10 @@ def cmd_release(inventory: Path, node_name: str, reason: str, *, run_dir: Path,
     except (GateError, InventoryError, ProfileError, ValueError, OSError) as exc:
         stderr.write(f"gate: error: {exc}\ngate: nothing was changed\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
-    codes = ", ".join(record["codes"])
+    codes = one_line(", ".join(record["codes"]))
     verb = "would release" if dry_run else "released"
-    stdout.write(f"{name}: {verb} from quarantine ({codes}; run {record['run'] or '?'}) by "
-                 f"{who}: {why}\n")
+    stdout.write(f"{name}: {verb} from quarantine ({codes}; run "
+                 f"{one_line(record['run']) or '?'}) by {one_line(who)}: {why}\n")
     for line in changes:
         stdout.write(f"  {line}\n")
     if dry_run:
@@ -652,5 +687,6 @@ def _patch_lines(node: Mapping[str, Any], patch: Mapping[str, Any]) -> list[str]
     for kind, field_name in (("label", "labels"), ("annotation", "annotations")):
         now = meta.get(field_name) or {}
         for key, new in sorted((patch["metadata"].get(field_name) or {}).items()):
-            lines.append(f"{kind} {key}: {now.get(key) or '<none>'} -> {new or '<none>'}")
+            lines.append(f"{kind} {one_line(key)}: {one_line(now.get(key) or '<none>')} -> "
+                         f"{one_line(new or '<none>')}")
     return lines

@@ -16,12 +16,12 @@ def add_parsers(sub: Any, default_out: Path) -> list[argparse.ArgumentParser]:
     gt.add_argument("-i", "--inventory", required=True, type=argtypes.path)
     gt.add_argument("--run", type=argtypes.path, default=default_out / "latest",
                     help="the run directory (default: reports/latest)")
-    gt.add_argument("-l", "--limit", help="Ansible host pattern")
+    gt.add_argument("-l", "--limit", type=argtypes.limit, help="Ansible host pattern")
     gt.add_argument("--dry-run", action="store_true", help="print the changes, make none")
     gt.add_argument("--kubeconfig", type=argtypes.path,
                     help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
     gt.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
-    gt.add_argument("--log", type=argtypes.path,
+    gt.add_argument("--log", type=argtypes.output_file,
                     help="the gate's log, one JSON line per gate run and release (default: "
                          "gate.log beside the run directory, in the reports root)")
     gt.add_argument("--release", metavar="NODE",

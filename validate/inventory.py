@@ -12,17 +12,23 @@ Ansible itself would not read as one. Booleans are parsed with Ansible's own rul
 (``convert_bool.boolean``): an INI inventory or a quoted YAML ``"false"`` is the string
 ``"false"``, which Python's ``bool()`` reads as true (that once turned host key checking off).
 A ``--limit`` term that matches no host of the inventory is an error too, not a silent smaller
-run.
+run. The inventory's YAML is read as ansible.cfg makes ``ansible-playbook`` read it
+(``duplicate_dict_key = error``): a mapping key given twice (two teams of one name, a host
+listed twice) is an error naming the file and line, never Ansible's "Using last defined value
+only" warning with one of the two dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ansible.errors import AnsibleError
 from ansible.inventory.group import Group
 from ansible.inventory.helpers import sort_groups
 from ansible.inventory.host import Host
@@ -67,6 +73,66 @@ _SSH_VARS = (*(v for v in _CONNECTION_VARS if not v.startswith("ansible_become")
 
 class InventoryError(InputError):
     """The inventory cannot be read, or a GPU host lacks a pool or profile."""
+
+
+# Ansible reads this setting each time it parses a YAML document (ansible.cfg sets it for
+# ansible-playbook; python -m validate may run from anywhere, so the loader sets it itself).
+_STRICT_YAML = {"ANSIBLE_DUPLICATE_YAML_DICT_KEY": "error"}
+# The files Ansible reads as YAML: an inventory source's (its yaml plugin's) and group_vars' and
+# host_vars' (its host_group_vars plugin's, where a file without an extension is YAML too).
+_INVENTORY_YAML = (".yml", ".yaml", ".json")
+_VARS_YAML = ("", *_INVENTORY_YAML)
+
+
+@contextlib.contextmanager
+def strict_yaml() -> Iterator[None]:
+    """Ansible's YAML reading with duplicate mapping keys an error, for the ``with`` body."""
+    saved = {k: os.environ.get(k) for k in _STRICT_YAML}
+    os.environ.update(_STRICT_YAML)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _yaml_files(source: Path) -> Iterator[Path]:
+    """The inventory's YAML files: the source (a file, or the files of a directory) and the
+    group_vars and host_vars beside or in it, as Ansible finds them."""
+    base = source if source.is_dir() else source.parent
+    if source.is_file():
+        if source.suffix in _INVENTORY_YAML:
+            yield source
+    else:
+        for path in sorted(source.rglob("*")):
+            rel = path.relative_to(source).parts
+            if (path.is_file() and path.suffix in _INVENTORY_YAML and rel[0] not in
+                    ("group_vars", "host_vars") and not any(p.startswith(".") for p in rel)):
+                yield path
+    for folder in ("group_vars", "host_vars"):
+        for path in sorted((base / folder).rglob("*")):
+            rel = path.relative_to(base / folder).parts
+            if (path.is_file() and path.suffix in _VARS_YAML
+                    and not any(p.startswith(".") for p in rel)):
+                yield path
+
+
+def read_strictly(source: Path, loader: DataLoader) -> None:
+    """Parse every YAML file of the inventory at ``source`` with duplicate keys an error;
+    raise InventoryError naming the file, line and key of the first problem. (Ansible itself
+    would say only that the source could not be parsed, or use the last value.)"""
+    with strict_yaml():
+        for path in _yaml_files(source):
+            try:
+                loader.load_from_file(str(path), cache="none")
+            except AnsibleError as exc:
+                origin = getattr(exc, "obj", None)
+                line = getattr(origin, "line_num", None)
+                where = f"{path}:{line}" if line else str(path)
+                raise InventoryError(f"inventory {where}: {exc.message}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +392,12 @@ def load(source: Path, limit: str | None = None) -> tuple[Node, ...]:
     if not source.exists():
         raise InventoryError(f"inventory {source} does not exist")
     loader = DataLoader()
+    read_strictly(source, loader)
+    with strict_yaml():
+        return _load(source, loader, limit)
+
+
+def _load(source: Path, loader: DataLoader, limit: str | None) -> tuple[Node, ...]:
     inventory = InventoryManager(loader=loader, sources=[str(source)])
     if PARENT_GROUP not in inventory.groups:
         raise InventoryError(f"inventory {source} has no group {PARENT_GROUP!r}")
@@ -408,6 +480,7 @@ def ssh_hosts(source: Path, limit: str | None = None) -> tuple[SshHost, ...]:
     if not source.exists():
         raise InventoryError(f"inventory {source} does not exist")
     loader = DataLoader()
+    read_strictly(source, loader)
     inventory = InventoryManager(loader=loader, sources=[str(source)])
     variables = VariableManager(loader=loader, inventory=inventory)
     if limit:

@@ -44,6 +44,10 @@ but never admits a passing one (``held`` too). Only a fresh, complete, finite pa
 Hardware faults (validate/actions.py marks them: Xid 79, a failed row remap, a missing GPU,
 ...) quarantine the node: it stays out through clean runs until an operator releases it
 (``validate gate --release``, :func:`release_patch`); other failures clear on the next pass.
+A release covers the evidence measured before it (the faults the operator saw and had
+repaired): judged again on such a run, the node fails with its codes but is not quarantined
+again, and the decision names the release (:attr:`Desired.released`). A run measured after
+the release that finds a hardware fault quarantines the node again.
 
 Hardware that contradicts the node's pool (GPU count, product, a PCIe board in an SXM pool)
 fails with ``gate.hardware_mismatch``; GPU Feature Discovery labels (``nvidia.com/gpu.product``,
@@ -209,6 +213,33 @@ def not_in_run(run_id: str) -> NodeEvidence:
 
 
 @dataclass(frozen=True, slots=True)
+class Release:
+    """An operator's release of a node's quarantine, as ``P/released`` records it."""
+
+    by: str
+    at: str  # ISO 8601
+    reason: str
+    codes: tuple[str, ...]  # the quarantine it lifted
+    run: str  # the run that had found them
+
+    def covers(self, evidence: NodeEvidence) -> bool:
+        """Whether ``evidence`` predates the release (the operator released the node with
+        these results known): measured at or before it, or, with no time known, the run that
+        found the faults."""
+        if evidence.measured_at:
+            try:
+                return parse_time(evidence.measured_at) <= parse_time(self.at)
+            except ValueError:
+                pass
+        return bool(self.run) and evidence.run_id == self.run
+
+    def __str__(self) -> str:
+        return (f"released by {self.by or '?'} at {self.at or '?'}: {self.reason or '?'} "
+                f"(lifted the quarantine for {', '.join(self.codes) or '?'} found by run "
+                f"{self.run or '?'})")
+
+
+@dataclass(frozen=True, slots=True)
 class Desired:
     """What the gate sets on a node (for ``held``: what it has, left alone)."""
 
@@ -218,6 +249,8 @@ class Desired:
     verdict: str  # passed | failed | quarantined | held
     codes: tuple[str, ...]  # why it is out or held (run codes and gate codes), sorted
     reasons: tuple[str, ...]  # the gate's own findings, in words
+    # The release the decision honours: the evidence predates it (None: none does).
+    released: Release | None = None
 
     @property
     def hold(self) -> bool:
@@ -343,6 +376,21 @@ def quarantine_of(node: Mapping[str, Any] | None, prefix: str) -> Quarantine | N
                       str(doc.get("run", "")), str(doc.get("since", "")))
 
 
+def release_of(node: Mapping[str, Any] | None, prefix: str) -> Release | None:
+    """The node's last release (``P/released``), None when it has none or it is garbled."""
+    text = _annotations(node).get(f"{prefix}/{RELEASED}")
+    try:
+        doc = json.loads(text) if text is not None else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return None
+    codes = doc.get("codes")
+    return Release(str(doc.get("by", "")), str(doc.get("at", "")), str(doc.get("reason", "")),
+                   tuple(str(c) for c in codes) if isinstance(codes, list) else (),
+                   str(doc.get("run", "")))
+
+
 def _meta(node: Mapping[str, Any] | None) -> Mapping[str, Any]:
     meta = (node or {}).get("metadata")
     return meta if isinstance(meta, Mapping) else {}
@@ -394,6 +442,24 @@ def _superseded(evidence: NodeEvidence, node: Mapping[str, Any] | None,
         "newer"))
 
 
+def _quarantine(evidence: NodeEvidence, results: NodeResults, node: Mapping[str, Any] | None,
+                prefix: str, release: Release | None) -> tuple[Quarantine | None, str | None]:
+    """The node's quarantine after this evidence, and its annotation's text: the one it has,
+    grown by the run's hardware faults, or a new one for them. Faults a release covers do not
+    quarantine it again (it still fails with them until a run admits it)."""
+    quarantine = quarantine_of(node, prefix)
+    text = _annotations(node).get(f"{prefix}/{QUARANTINE}")
+    hard = sorted(c for c in results.codes if is_hardware_fault(c))
+    if hard and quarantine is None and release is None:
+        quarantine = Quarantine(tuple(hard), evidence.run_id, evidence.measured_at or "")
+        text = quarantine.to_json()
+    elif hard and quarantine is not None and not set(hard) <= set(quarantine.codes):
+        quarantine = Quarantine(tuple(sorted({*quarantine.codes, *hard})), quarantine.run,
+                                quarantine.since)
+        text = quarantine.to_json()
+    return quarantine, text
+
+
 def decide(identity: NodeIdentity, evidence: NodeEvidence, node: Mapping[str, Any] | None,
            policy: GatePolicy) -> Desired:
     """The gate's decision for one node: from its declared identity, what a run holds about
@@ -424,16 +490,10 @@ def decide(identity: NodeIdentity, evidence: NodeEvidence, node: Mapping[str, An
         return _held(node, p, problems)  # evidence that cannot admit, of a node that passed
     codes |= held_by
     reasons += [x.reason for x in problems]
-    quarantine = quarantine_of(node, policy.prefix)
-    quarantine_text = annotations_now.get(p + QUARANTINE)
-    hard = sorted(c for c in results.codes if is_hardware_fault(c))
-    if hard and quarantine is None:
-        quarantine = Quarantine(tuple(hard), evidence.run_id, evidence.measured_at or "")
-        quarantine_text = quarantine.to_json()
-    elif hard and quarantine is not None and not set(hard) <= set(quarantine.codes):
-        quarantine = Quarantine(tuple(sorted({*quarantine.codes, *hard})), quarantine.run,
-                                quarantine.since)
-        quarantine_text = quarantine.to_json()
+    release = release_of(node, policy.prefix)
+    if release is not None and not release.covers(evidence):
+        release = None
+    quarantine, quarantine_text = _quarantine(evidence, results, node, policy.prefix, release)
     if quarantine is not None:
         verdict = QUARANTINED
         codes |= {CODE_QUARANTINED, *quarantine.codes}
@@ -476,10 +536,13 @@ def decide(identity: NodeIdentity, evidence: NodeEvidence, node: Mapping[str, An
     for kept in (RELEASED, UPGRADE_STATE, UPGRADE_DETAIL):
         if p + kept in annotations_now:
             annotations[p + kept] = annotations_now[p + kept]
+    if release is not None and verdict != PASSED:
+        reasons.append(f"judged on run {evidence.run_id}, measured before the release: "
+                       f"{release}")
     return Desired(labels=labels, annotations=annotations,
                    taint=None if verdict == PASSED else (TAINT_FAILED, policy.taint_effect),
                    verdict=verdict, codes=() if verdict == PASSED else tuple(sorted(codes)),
-                   reasons=tuple(reasons))
+                   reasons=tuple(reasons), released=release)
 
 
 def release_patch(node: Mapping[str, Any], prefix: str, *, by: str, at: str,
@@ -495,10 +558,15 @@ def release_patch(node: Mapping[str, Any], prefix: str, *, by: str, at: str,
                              "annotation): nothing to release")
     record = {"by": by, "at": at, "reason": reason, "codes": list(quarantine.codes),
               "run": quarantine.run, "since": quarantine.since}
-    patch_meta: dict[str, Any] = {
-        "resourceVersion": meta.get("resourceVersion"),
-        "annotations": {p + QUARANTINE: None, p + RELEASED: json.dumps(record, sort_keys=True)},
-    }
+    annotations: dict[str, str | None] = {
+        p + QUARANTINE: None, p + RELEASED: json.dumps(record, sort_keys=True)}
+    failed_checks = _annotations(node).get(p + FAILED_CHECKS)
+    if failed_checks is not None and CODE_QUARANTINED in failed_checks.split(","):
+        # What the gate writes for the same run after the release: out, not quarantined.
+        annotations[p + FAILED_CHECKS] = ",".join(
+            c for c in failed_checks.split(",") if c != CODE_QUARANTINED)
+    patch_meta: dict[str, Any] = {"resourceVersion": meta.get("resourceVersion"),
+                                  "annotations": annotations}
     if _labels(node).get(p + VALIDATION) == QUARANTINED:
         patch_meta["labels"] = {p + VALIDATION: FAILED}
     return {"metadata": patch_meta}, record

@@ -205,6 +205,34 @@ class ResultsError(ValueError):
     one of the table's (the message names the file, and the row)."""
 
 
+def _where(first_line: int, at: int) -> str:
+    return f"line {first_line + at}" if first_line else f"row {at + 1}"
+
+
+# The numeric columns a report renders; NaN there is "no value", infinity no value at all.
+_FINITE_COLUMNS = ("value", "warn", "fail", "duration_s")
+
+
+def _finite(df: pd.DataFrame, source: Path, first_line: int) -> pd.DataFrame:
+    """``df`` when no numeric column holds infinity (or text where a number belongs): a
+    report cannot render one (JSON has no infinity) and no check writes one (a non-finite
+    measurement is a ``check.non_finite_value`` error row without a value)."""
+    for column in _FINITE_COLUMNS:
+        raw = df[column]
+        values = pd.to_numeric(raw, errors="coerce")
+        bad = np.isinf(values.to_numpy(dtype=float)) | (values.isna() & raw.notna()).to_numpy()
+        if bad.any():
+            at = int(bad.nonzero()[0][0])
+            row = df.iloc[at]
+            raise ResultsError(
+                f"{source}: {_where(first_line, at)} (node {row['node']!s}, check "
+                f"{row['check']!s}): {column} is {row[column]!s}, not a finite number; a "
+                "report cannot show it (the validators never write one: the file was edited "
+                "or damaged)" + (f"; {int(bad.sum()) - 1} more rows like it"
+                                 if bad.sum() > 1 else ""))
+    return df
+
+
 def _checked(df: pd.DataFrame, source: Path, first_line: int) -> pd.DataFrame:
     """``df`` when it has every column and every status is known; ``first_line`` is the line
     of the first row in ``source`` (0 for a file without lines, where rows are counted)."""
@@ -219,21 +247,25 @@ def _checked(df: pd.DataFrame, source: Path, first_line: int) -> pd.DataFrame:
     if bad.any():
         at = int(bad.to_numpy().nonzero()[0][0])
         row = df.iloc[at]
-        where = f"line {first_line + at}" if first_line else f"row {at + 1}"
         raise ResultsError(
-            f"{source}: {where} (node {row['node']!s}, check {row['check']!s}): status "
-            f"{row['status']!r} is not a status (one of {', '.join(STATUS_ORDER)})"
+            f"{source}: {_where(first_line, at)} (node {row['node']!s}, check "
+            f"{row['check']!s}): status {row['status']!r} is not a status (one of "
+            f"{', '.join(STATUS_ORDER)})"
             + (f"; {int(bad.sum()) - 1} more rows like it" if bad.sum() > 1 else ""))
     return df
 
 
-def load_results(run_dir: Path) -> pd.DataFrame:
+def load_results(run_dir: Path, *, renderable: bool = False) -> pd.DataFrame:
     """Read back ``results.parquet`` (or ``results.csv``, or the ``rows.jsonl`` a killed run
     left in its ``.partial`` directory) of a run directory. ResultsError names a missing
-    column or a bad status and the file."""
+    column or a bad status and the file; with ``renderable`` (the report), also a value that
+    is not finite, with its file and row (the gate reads such a row as its own verdict,
+    ``gate.non_finite_value``)."""
+    check = ((lambda df, src, line: _finite(_checked(df, src, line), src, line)) if renderable
+             else _checked)
     parquet = run_dir / "results.parquet"
     if parquet.exists():
-        return _typed(_checked(pd.read_parquet(parquet), parquet, 0))
+        return _typed(check(pd.read_parquet(parquet), parquet, 0))
     jsonl = run_dir / ROWS_FILE
     if jsonl.exists() and not (run_dir / "results.csv").exists():
         records = []
@@ -242,10 +274,10 @@ def load_results(run_dir: Path) -> pd.DataFrame:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # the line being written when the validator was killed
-        return _typed(_checked(pd.DataFrame.from_records(records, columns=list(COLUMNS)),
-                               jsonl, 0))
+        return _typed(check(pd.DataFrame.from_records(records, columns=list(COLUMNS)),
+                            jsonl, 0))
     csv = run_dir / "results.csv"
-    return _typed(_checked(
+    return _typed(check(
         pd.read_csv(
             csv,
             keep_default_na=False,

@@ -54,8 +54,9 @@ def add_parsers(sub: Any, default_out: Path) -> list[argparse.ArgumentParser]:
     """Add ``run``, ``fabric``, ``parse``, ``report`` and ``checks`` to ``sub``."""
     r = sub.add_parser("run", help="run checks on the inventory's GPU nodes")
     r.add_argument("-i", "--inventory", required=True, type=argtypes.path)
-    r.add_argument("-l", "--limit", help="Ansible host pattern")
-    r.add_argument("--checks", help="comma-separated check ids or patterns (gpu.*)")
+    r.add_argument("-l", "--limit", type=argtypes.limit, help="Ansible host pattern")
+    r.add_argument("--checks", type=argtypes.selection("--checks", "check"),
+                   help="comma-separated check ids or patterns (gpu.*)")
     r.add_argument("--out", type=argtypes.path, default=default_out,
                    help="reports root directory")
     r.add_argument("--concurrency", type=argtypes.count(1, argtypes.MAX_CONCURRENCY), default=16)
@@ -103,7 +104,7 @@ def add_parsers(sub: Any, default_out: Path) -> list[argparse.ArgumentParser]:
         help="multi-node NCCL between node pairs of each pool (fabric.nccl_pair), suspect/confirm",
     )
     fb.add_argument("-i", "--inventory", required=True, type=argtypes.path)
-    fb.add_argument("-l", "--limit", help="Ansible host pattern")
+    fb.add_argument("-l", "--limit", type=argtypes.limit, help="Ansible host pattern")
     fb.add_argument("--out", type=argtypes.path, default=default_out,
                     help="reports root directory")
     fb.add_argument("--concurrency", type=argtypes.count(1, argtypes.MAX_CONCURRENCY), default=8,

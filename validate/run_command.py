@@ -269,7 +269,7 @@ def _check_fabric_inputs(nodes: Sequence[Node]) -> None:
 
 def cmd_report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     run_dir: Path = args.run_dir
-    df = load_results(run_dir)
+    df = load_results(run_dir, renderable=True)
     # run.json makes the re-render the run's own (run id, environment label, profiles).
     info = runinfo.read_run_info(run_dir)
     if info is None:

@@ -3,6 +3,7 @@
     python -m validate upgrade plan   -i <inventory> [--limit PATTERN] [--serial N|P%]
                                       [--format text|json] [--kubeconfig FILE]
     python -m validate upgrade drain  -i <inventory> --node HOST [--timeout S]
+                                      [--force] [--delete-emptydir-data]
                                       [--force-delete] [--dry-run]
     python -m validate upgrade mark   -i <inventory> --node HOST --state STATE [--detail TEXT]
     python -m validate upgrade finish -i <inventory> --node HOST
@@ -16,14 +17,24 @@ is pending; a node at its pins is not drained. It lists the batches (``--serial`
 refuse it now. It writes nothing. A node whose versions cannot be read is listed as unreadable
 and not upgraded.
 
-``drain`` records the state on the Node (``<prefix>/upgrade-state``, ``<prefix>/upgrade-detail``),
-cordons it, puts the validation taint on it (``<prefix>/validation=upgrading``: the gate lifts it
-only on a pass) and evicts its pods through the Eviction API, so the API server enforces every
-PDB. DaemonSet pods and static (mirror) pods are left, as ``kubectl drain --ignore-daemonsets``
-leaves them; every other pod is evicted, a bare one too (the plan says it will not come back).
-A refused eviction (429) is asked again every few seconds until ``--timeout``; then the node is
-left cordoned and tainted, its state ``drain-timeout`` with the pods and PDBs in the way, and
-the command exits 1. Only ``--force-delete`` (the inventory's ``gpuready_upgrade_force_delete``)
+``drain`` first reads the node's pods and the PDBs and asks the API server whether its user may
+patch the Node and evict (with ``--force-delete``, delete) the pods (SelfSubjectAccessReview,
+``kubectl auth can-i``): a cluster that serves no policy/v1 PDBs, a right it lacks or an answer
+that is not what was asked for (validate/kube_response.py) stops it with the node as it was,
+exit 2. Then ``kubectl drain``'s guards, still before any write: a bare pod (no controller
+``ownerReference``: nothing recreates it) is refused unless ``--force`` (the inventory's
+``gpuready_upgrade_drain_force``), a pod with ``emptyDir`` volumes (data lost with it) unless
+``--delete-emptydir-data`` (``gpuready_upgrade_drain_delete_emptydir_data``); a finished pod
+(Succeeded, Failed) passes both, as in kubectl. A refusal names every refused pod and the
+variable that would let it go, changes nothing on the Node (no cordon, taint or state) and exits
+1. Otherwise it records the state on the Node
+(``<prefix>/upgrade-state``, ``<prefix>/upgrade-detail``), cordons it, puts the validation
+taint on it (``<prefix>/validation=upgrading``: the gate lifts it only on a pass) and evicts its
+pods through the Eviction API, so the API server enforces every PDB. DaemonSet pods and static
+(mirror) pods are left, as ``kubectl drain --ignore-daemonsets`` leaves them. A refused
+eviction (429) is asked again every few seconds until ``--timeout``; then the node is left
+cordoned and tainted, its state ``drain-timeout`` with the pods and PDBs in the way, and the
+command exits 1. Only ``--force-delete`` (the inventory's ``gpuready_upgrade_force_delete``)
 deletes the pods still there at the timeout, PDBs notwithstanding; nothing else ever does.
 
 ``mark`` records a state (``upgrading``, ``validating``, ``failed``) with its detail. ``finish``
@@ -32,7 +43,9 @@ taint) and records ``done``; a node the gate did not admit stays cordoned, ``fai
 
 Every Node write is one JSON merge patch guarded by the ``resourceVersion`` it was decided on,
 read again on 409 (as the gate does). Exit codes: 0 done; 1 a node is left out (drain timed out,
-not admitted); 2 bad input or a refused request; 3 the API server cannot be reached.
+not admitted); 2 bad input, a refused request (403: named with what to do) or an answer that is
+not what was asked for; 3 the API server cannot be reached or does not accept the credentials
+(401).
 """
 
 from __future__ import annotations
@@ -48,7 +61,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from validate import gate, runner
+from validate import gate, kube_response, runner
 from validate.checks.base import NodeContext
 from validate.drift import pins, probes
 from validate.drift.model import FindingStatus, Layer
@@ -56,6 +69,7 @@ from validate.inventory import Node, load, profile_for
 from validate.labels import UPGRADE_DETAIL, UPGRADE_STATE, taint_key
 from validate.model import ExitCode
 from validate.profiles import ProfileError
+from validate.text import one_line
 from validate.upgrade_cli import FAILED
 
 STATE, DETAIL = UPGRADE_STATE, UPGRADE_DETAIL  # annotations under the prefix (the gate keeps them)
@@ -66,6 +80,12 @@ TAINT_EFFECT = "NoSchedule"
 RETRY_S = 2.0
 MAX_DETAIL = 1000
 MIRROR = "kubernetes.io/config.mirror"
+# kubectl drain's guards, each with the inventory variable (and the flag) that lets it go.
+GUARD_BARE = "bare"
+GUARD_EMPTYDIR = "emptydir"
+FORCE_VAR = "gpuready_upgrade_drain_force"
+EMPTYDIR_VAR = "gpuready_upgrade_drain_delete_emptydir_data"
+FINISHED = ("Succeeded", "Failed")
 
 
 class UpgradeError(gate.GateError):
@@ -79,30 +99,76 @@ class UpgradeApi(gate.KubeNodeApi):
     def __init__(self, kubeconfig: Path | None) -> None:
         super().__init__(kubeconfig)
         self._policy = self._client.PolicyV1Api(self._api.api_client)
+        self._authz = self._client.AuthorizationV1Api(self._api.api_client)
+
+    def may(self, verb: str, resource: str, namespace: str = "",
+            subresource: str = "") -> tuple[bool, str]:
+        """Whether the kubeconfig's user may ``verb`` the core ``resource`` (a
+        SelfSubjectAccessReview, what ``kubectl auth can-i`` asks), and the server's reason."""
+        endpoint = "POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": {
+                    "verb": verb, "group": "", "resource": resource,
+                    "subresource": subresource, "namespace": namespace}}}
+        doc = self._call("review", endpoint, self._authz.create_self_subject_access_review,
+                         body)
+        review = self.checked(kube_response.obj, endpoint, doc, "SelfSubjectAccessReview",
+                              "authorization.k8s.io/v1")
+        status = review.get("status") or {}
+        return status.get("allowed") is True, one_line(str(status.get("reason") or ""))
 
     def list_pods(self, node_name: str) -> list[dict[str, Any]]:
-        data = self._call("list", self._api.list_pod_for_all_namespaces,
-                          field_selector=f"spec.nodeName={node_name}")
-        return [dict(p) for p in data.get("items") or []]
+        selector = f"spec.nodeName={node_name}"
+        endpoint = f"GET /api/v1/pods?fieldSelector={selector}"
+        doc = self._call("list", endpoint, self._api.list_pod_for_all_namespaces,
+                         field_selector=selector)
+        pods = self.checked(kube_response.items, endpoint, doc, "Pod", "v1")
+        # A pod of another node in the answer would be evicted from under its workload.
+        elsewhere = [p for p in pods if (p.get("spec") or {}).get("nodeName") != node_name]
+        if elsewhere:
+            meta = elsewhere[0]["metadata"]
+            raise UpgradeError(
+                f"{endpoint}: the API server answered pods of other nodes too (first "
+                f"{one_line(str(meta.get('namespace')))}/{one_line(meta['name'])} on "
+                f"{one_line(str((elsewhere[0].get('spec') or {}).get('nodeName')))}); "
+                "nothing was evicted")
+        return [dict(p) for p in pods]
 
     def list_pdbs(self) -> list[dict[str, Any]]:
-        data = self._call("list", self._policy.list_pod_disruption_budget_for_all_namespaces)
-        return [dict(p) for p in data.get("items") or []]
+        endpoint = "GET /apis/policy/v1/poddisruptionbudgets"
+        try:
+            doc = self._call("list", endpoint,
+                             self._policy.list_pod_disruption_budget_for_all_namespaces)
+        except gate.NotFound as exc:
+            raise UpgradeError(
+                f"the API server at {self.server} does not serve PodDisruptionBudgets of "
+                f"policy/v1 ({exc}): the drain evicts through the Eviction API so that every "
+                "PDB holds, and cannot tell which would refuse without them (Kubernetes 1.21 "
+                "or later serves policy/v1); nothing was changed") from None
+        return [dict(p) for p in self.checked(kube_response.items, endpoint, doc,
+                                              "PodDisruptionBudget", "policy/v1")]
 
     def evict(self, namespace: str, name: str) -> str:
         """``evicted``, ``gone`` (404); raises :class:`gate.TooManyRequests` when a PDB (or
         its controller not having counted yet) refuses."""
+        endpoint = f"POST /api/v1/namespaces/{namespace}/pods/{name}/eviction"
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": name, "namespace": namespace}}
         try:
-            self._call("evict", self._api.create_namespaced_pod_eviction, name, namespace, body)
+            doc = self._call("evict", endpoint, self._api.create_namespaced_pod_eviction, name,
+                             namespace, body)
         except gate.NotFound:
             return "gone"
+        self.checked(kube_response.one_of, endpoint, doc,
+                     {"Status": "v1", "Eviction": "policy/v1"})
         return "evicted"
 
     def delete_pod(self, namespace: str, name: str) -> None:
+        endpoint = f"DELETE /api/v1/namespaces/{namespace}/pods/{name}"
         with contextlib.suppress(gate.NotFound):
-            self._call("delete", self._api.delete_namespaced_pod, name, namespace)
+            doc = self._call("delete", endpoint, self._api.delete_namespaced_pod, name,
+                             namespace)
+            self.checked(kube_response.one_of, endpoint, doc, {"Pod": "v1", "Status": "v1"})
 
 
 # -- pods and PDBs ------------------------------------------------------------------------------
@@ -115,6 +181,9 @@ class PodOnNode:
     owner: str  # "ReplicaSet/web-abc", "" for a bare pod
     action: str  # evict | leave (daemonset, mirror)
     why: str = ""
+    # kubectl drain's guards this pod's eviction meets (GUARD_BARE, GUARD_EMPTYDIR).
+    guards: tuple[str, ...] = ()
+    emptydir: tuple[str, ...] = ()  # its emptyDir volumes
 
     @property
     def ref(self) -> str:
@@ -125,14 +194,46 @@ def pod_on_node(pod: Mapping[str, Any]) -> PodOnNode:
     meta = pod.get("metadata") or {}
     owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
     owner = f"{owners[0].get('kind')}/{owners[0].get('name')}" if owners else ""
-    action, why = "evict", "" if owner else "bare pod: nothing recreates it"
+    emptydir = tuple(str(v.get("name", "")) for v in (pod.get("spec") or {}).get("volumes") or []
+                     if v.get("emptyDir") is not None)
+    notes = ([] if owner else ["bare pod: nothing recreates it"]) + (
+        [f"emptyDir data: {', '.join(emptydir)}"] if emptydir else [])
+    action, why = "evict", "; ".join(notes)
+    guards: tuple[str, ...] = ()
     if owners and owners[0].get("kind") == "DaemonSet":
         action, why = "leave", "DaemonSet"
     elif MIRROR in (meta.get("annotations") or {}):
         action, why = "leave", "static pod"
+    elif (pod.get("status") or {}).get("phase") not in FINISHED:
+        # kubectl drain lets a finished pod go without either flag: nothing runs to lose.
+        guards = ((() if owner else (GUARD_BARE,))
+                  + ((GUARD_EMPTYDIR,) if emptydir else ()))
     return PodOnNode(str(meta.get("namespace", "")), str(meta.get("name", "")),
                      str(meta.get("uid", "")), dict(meta.get("labels") or {}), owner, action,
-                     why)
+                     why, guards, emptydir)
+
+
+def guard_vars(pod: PodOnNode) -> list[str]:
+    """The inventory variables a drain needs to evict ``pod`` (kubectl drain's guards)."""
+    return [var for guard, var in ((GUARD_BARE, FORCE_VAR), (GUARD_EMPTYDIR, EMPTYDIR_VAR))
+            if guard in pod.guards]
+
+
+def refusals(pods: Sequence[PodOnNode], *, force: bool,
+             delete_emptydir_data: bool) -> list[str]:
+    """kubectl drain's refusals, one line per pod, naming what would let it go."""
+    lines = []
+    for pod in pods:
+        if pod.action != "evict":
+            continue
+        if GUARD_BARE in pod.guards and not force:
+            lines.append(f"{pod.ref}: a bare pod (no controller recreates it); "
+                         f"{FORCE_VAR}: true evicts it (kubectl drain --force)")
+        if GUARD_EMPTYDIR in pod.guards and not delete_emptydir_data:
+            lines.append(f"{pod.ref}: emptyDir data ({', '.join(pod.emptydir)}) is lost with "
+                         f"it; {EMPTYDIR_VAR}: true evicts it "
+                         "(kubectl drain --delete-emptydir-data)")
+    return lines
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
@@ -301,11 +402,12 @@ def batches(hosts: Sequence[str], serial: str) -> list[list[str]]:
 def plan(nodes: Sequence[Node], api: UpgradeApi, prefix: str, *, timeout_s: float,
          concurrency: int, accept_unknown_host_keys: bool) -> list[NodePlan]:
     plans = [NodePlan(n.name, k8s_name(n)) for n in nodes]
+    # The API first: one that cannot answer (or answers wrong) costs no node a probe.
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in api.list_nodes()}
+    pdbs = api.list_pdbs()
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(nodes)))) as pool:
         versions = list(pool.map(
             lambda n: read_versions(n, timeout_s, accept_unknown_host_keys), nodes))
-    by_name = {(n.get("metadata") or {}).get("name"): n for n in api.list_nodes()}
-    pdbs = api.list_pdbs()
     for p, (reasons, unreadable) in zip(plans, versions, strict=True):
         p.reasons, p.unreadable = reasons, unreadable
         node = by_name.get(p.name)
@@ -338,7 +440,9 @@ def plan_lines(plans: Sequence[NodePlan], serial: str) -> list[str]:
                                                and p.reasons else ""))
             for pod in p.pods:
                 verb = "evict" if pod.action == "evict" else "leave"
-                note = ", ".join(x for x in (pod.owner, pod.why) if x)
+                needs = guard_vars(pod)
+                note = ", ".join(x for x in (pod.owner, pod.why, *(
+                    [f"refused unless {' and '.join(needs)}"] if needs else [])) if x)
                 lines.append(f"    {verb} {pod.ref}" + (f" ({note})" if note else ""))
                 lines += [f"      blocked now: {b}" for b in p.blocked.get(pod.ref, [])]
     lines += [f"{h}: at the pins, not drained" for h in current]
@@ -356,27 +460,73 @@ def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
                            "detail": p.detail,
                            "evict": [x.ref for x in p.pods if x.action == "evict"],
                            "leave": [x.ref for x in p.pods if x.action != "evict"],
+                           "refused_unless": {x.ref: guard_vars(x) for x in p.pods
+                                              if x.action == "evict" and guard_vars(x)},
                            "blocked": p.blocked} for p in plans},
         "lines": plan_lines(plans, serial),
     }
 
 
 # -- drain --------------------------------------------------------------------------------------
+def _say(out: TextIO, line: str) -> None:
+    """One line of output; what the API server sent in it (pod names, its messages) cannot
+    break the line or act on the terminal (validate/text.py)."""
+    out.write(one_line(line) + "\n")
+
+
+def permitted(api: UpgradeApi, name: str, evict: Sequence[PodOnNode], *,
+              force_delete: bool) -> None:
+    """Raise UpgradeError unless the kubeconfig's user may do every write the drain does:
+    patch the Node, evict its pods in their namespaces, delete them with ``--force-delete``.
+    Asked before the first write, so that a refusal never leaves a node cordoned with its
+    pods on it."""
+    needs = [("patch", "nodes", "", "")]
+    for namespace in sorted({p.namespace for p in evict}):
+        needs.append(("create", "pods", namespace, "eviction"))
+        if force_delete:
+            needs.append(("delete", "pods", namespace, ""))
+    denied = []
+    for verb, resource, namespace, sub in needs:
+        allowed, reason = api.may(verb, resource, namespace, sub)
+        if not allowed:
+            what = (f"{verb} {resource}" + (f"/{sub}" if sub else "")
+                    + (f" -n {namespace}" if namespace else ""))
+            denied.append(what + (f" ({reason})" if reason else ""))
+    if denied:
+        raise UpgradeError(
+            f"drain {name}: the kubeconfig's user may not {'; '.join(denied)} (asked the API "
+            f"server at {api.server} with a SelfSubjectAccessReview); nothing was changed: "
+            "grant it (`kubectl auth can-i <verb> <resource> -n <namespace>` says whether it "
+            "has it) and drain again")
+
+
 def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_delete: bool,
-          dry_run: bool, out: TextIO, clock: Callable[[], float] = time.monotonic,
+          dry_run: bool, out: TextIO, force: bool = False, delete_emptydir_data: bool = False,
+          clock: Callable[[], float] = time.monotonic,
           sleep: Callable[[float], None] = time.sleep) -> ExitCode:
     pods = [pod_on_node(p) for p in api.list_pods(name)]
     evict = [p for p in pods if p.action == "evict"]
+    # Read and ask before the first write: a cluster without PDBs to hold, an answer that is
+    # not a pod list, or a right the drain lacks stops it with the node as it was.
+    pdbs = api.list_pdbs()
+    permitted(api, name, evict, force_delete=force_delete)
+    guarded = refusals(pods, force=force, delete_emptydir_data=delete_emptydir_data)
+    if guarded:
+        # kubectl's guards, still before any write: the Node is not cordoned, tainted or marked.
+        _say(out, f"drain {name}{' (dry run)' if dry_run else ''}: refused, as kubectl drain "
+                  f"refuses; nothing changed on Node {name}:")
+        for line in guarded:
+            _say(out, f"  {line}")
+        return ExitCode.CHECK_FAILED
     if dry_run:
-        pdbs = api.list_pdbs()
-        out.write(f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)\n")
+        _say(out, f"drain {name} (dry run): would cordon, taint and evict {len(evict)} pod(s)")
         for pod in pods:
-            out.write(f"  {'evict' if pod.action == 'evict' else 'leave'} {pod.ref}"
-                      + "".join(f"; blocked now: {b}" for b in blocking(pod, pdbs)) + "\n")
+            _say(out, f"  {'evict' if pod.action == 'evict' else 'leave'} {pod.ref}"
+                 + "".join(f"; blocked now: {b}" for b in blocking(pod, pdbs)))
         return ExitCode.OK
     write_state(api, name, prefix, DRAINING, f"evicting {len(evict)} pod(s)", cordon=True,
                 taint=True)
-    out.write(f"drain {name}: cordoned and tainted; evicting {len(evict)} pod(s)\n")
+    _say(out, f"drain {name}: cordoned and tainted; evicting {len(evict)} pod(s)")
     deadline = clock() + timeout_s
     left = {p.uid: p for p in evict}
     evicted: set[str] = set()
@@ -389,17 +539,23 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
                 api.evict(pod.namespace, pod.name)
             except gate.TooManyRequests as exc:
                 if refused.get(uid) != str(exc):
-                    out.write(f"  refused {pod.ref}: {exc}\n")
+                    _say(out, f"  refused {pod.ref}: {exc}")
                 refused[uid] = str(exc)
                 continue
+            except gate.Forbidden as exc:  # an admission policy: RBAC was asked before
+                raise UpgradeError(f"{exc}. {name} is left cordoned and tainted (state "
+                                   f"{DRAINING}) with {pod.ref} on it; drain again once its "
+                                   "eviction is allowed") from None
             evicted.add(uid)
             refused.pop(uid, None)
-            out.write(f"  evicted {pod.ref}\n")
+            let_go = guard_vars(pod)
+            _say(out, f"  evicted {pod.ref}"
+                 + (f" ({pod.why}; {', '.join(let_go)})" if let_go else ""))
         present = {(p.get("metadata") or {}).get("uid") for p in api.list_pods(name)}
         left = {uid: p for uid, p in left.items() if uid in present}
         if not left:
             write_state(api, name, prefix, DRAINED, f"evicted {len(evict)} pod(s)")
-            out.write(f"drain {name}: done, {len(evict)} pod(s) evicted\n")
+            _say(out, f"drain {name}: done, {len(evict)} pod(s) evicted")
             return ExitCode.OK
         if clock() >= deadline:
             break
@@ -409,20 +565,23 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
     if force_delete:
         for pod in left.values():
             api.delete_pod(pod.namespace, pod.name)
-            out.write(f"  deleted {pod.ref} (gpuready_upgrade_force_delete)\n")
+            _say(out, f"  deleted {pod.ref} (gpuready_upgrade_force_delete)")
         write_state(api, name, prefix, DRAINED,
                     f"timed out after {timeout_s:g} s; deleted by force: {still}")
         return ExitCode.OK
     write_state(api, name, prefix, DRAIN_TIMEOUT,
                 f"timed out after {timeout_s:g} s; still on the node: {still}")
-    out.write(f"drain {name}: timed out after {timeout_s:g} s; left cordoned and tainted; "
-              f"still on the node: {still}\n")
+    _say(out, f"drain {name}: timed out after {timeout_s:g} s; left cordoned and tainted; "
+         f"still on the node: {still}")
     return ExitCode.CHECK_FAILED
 
 
 # -- finish -------------------------------------------------------------------------------------
 def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO) -> ExitCode:
-    node = api.get_node(name)
+    try:
+        node = api.get_node(name)
+    except gate.NotFound:
+        raise UpgradeError(f"no Node {name!r} in the cluster (never joined?)") from None
     labels = (node.get("metadata") or {}).get("labels") or {}
     ours = [t for t in (node.get("spec") or {}).get("taints") or []
             if t.get("key") == taint_key(prefix)]
@@ -431,10 +590,10 @@ def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO) -> ExitCode:
         why = (f"the gate did not admit it (validation {verdict}"
                + (f", taint {ours[0].get('value')}" if ours else "") + ")")
         write_state(api, name, prefix, FAILED, why)
-        out.write(f"upgrade {name}: {why}; left cordoned\n")
+        _say(out, f"upgrade {name}: {why}; left cordoned")
         return ExitCode.CHECK_FAILED
     write_state(api, name, prefix, DONE, "admitted by the gate", cordon=False)
-    out.write(f"upgrade {name}: admitted; uncordoned\n")
+    _say(out, f"upgrade {name}: admitted; uncordoned")
     return ExitCode.OK
 
 
@@ -446,7 +605,7 @@ def cmd_upgrade(args: argparse.Namespace, stdout: TextIO, stderr: TextIO,
     except gate.ApiUnavailable as exc:
         stderr.write(f"error: {exc}\n")
         return ExitCode.UNREACHABLE
-    except gate.GateError as exc:
+    except (gate.GateError, gate.NotFound) as exc:
         stderr.write(f"error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
 
@@ -469,12 +628,15 @@ def _cmd(args: argparse.Namespace, stdout: TextIO,
         if args.format == "json":
             stdout.write(json.dumps(plan_json(plans, args.serial), indent=1) + "\n")
         else:
-            stdout.write("\n".join(plan_lines(plans, args.serial)) + "\n")
+            # The plan's lines carry the nodes' versions and the API's names: one line each.
+            stdout.write("\n".join(one_line(line) for line in plan_lines(plans, args.serial))
+                         + "\n")
         return ExitCode.OK
     name = k8s_name(nodes[0])
     if args.upgrade_cmd == "drain":
         return drain(api, name, setup.prefix, timeout_s=args.timeout,
-                     force_delete=args.force_delete, dry_run=args.dry_run, out=stdout)
+                     force_delete=args.force_delete, dry_run=args.dry_run, out=stdout,
+                     force=args.force, delete_emptydir_data=args.delete_emptydir_data)
     if args.upgrade_cmd == "mark":
         write_state(api, name, setup.prefix, args.state, args.detail,
                     taint=True if args.state != FAILED else None)

@@ -47,7 +47,7 @@ def add_parsers(sub: Any, default_out: Path) -> list[argparse.ArgumentParser]:
                        help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
         p.add_argument("--prefix", help="label prefix (default: gpuready_label_prefix)")
         if verb == "plan":
-            p.add_argument("-l", "--limit", help="Ansible host pattern")
+            p.add_argument("-l", "--limit", type=argtypes.limit, help="Ansible host pattern")
             p.add_argument("--serial", type=serial_arg, default="1",
                            help="nodes per batch: a count or a percentage (default 1)")
             p.add_argument("--format", choices=("text", "json"), default="text")
@@ -63,6 +63,13 @@ def add_parsers(sub: Any, default_out: Path) -> list[argparse.ArgumentParser]:
             p.add_argument("--timeout", type=argtypes.seconds(MAX_DRAIN_TIMEOUT_S),
                            default=DEFAULT_DRAIN_TIMEOUT_S,
                            help="seconds to keep asking refused evictions (default %(default)g)")
+            p.add_argument("--force", action="store_true",
+                           help="evict bare pods too (no controller recreates them), as "
+                                "kubectl drain --force (gpuready_upgrade_drain_force)")
+            p.add_argument("--delete-emptydir-data", action="store_true",
+                           help="evict pods with emptyDir volumes too (their data is lost), as "
+                                "kubectl drain --delete-emptydir-data "
+                                "(gpuready_upgrade_drain_delete_emptydir_data)")
             p.add_argument("--force-delete", action="store_true",
                            help="delete the pods still there at the timeout (PDBs or not)")
             p.add_argument("--dry-run", action="store_true", help="say what, change nothing")

@@ -22,8 +22,9 @@ at every boot, before containerd and the kubelet, and gives the host:
   /proc/sys/kernel/panic_on_oops: read-only file system, ...]``), so the host is shown a file
   with the value a node would have over each: SIMULATED, and only what the kubelet reads.
 
-What a Pod's containers need, so that Pods bound to a lab node (``spec.nodeName``: no
-scheduler runs) really run under the kubelet and containerd the roles install:
+What a Pod's containers need, so that Pods on a lab node (bound by ``spec.nodeName`` or by the
+real kube-scheduler of the lab's control plane) really run under the kubelet and containerd the
+roles install:
 
 - containerd's state (``/var/lib/containerd``) bound from ``<host dir>/containerd`` on this
   machine's own filesystem (``nspawn_args``): the host's root is an overlay, which the kernel

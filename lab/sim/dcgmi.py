@@ -13,10 +13,22 @@ Output is held to the real captures in tests/fixtures/dcgmi: the text table is D
 (``diag-r2-p4de-8x-a100-80gb-dcgm3.3.3-pass.txt``, byte for byte on a healthy 8x A100 at level
 2), a deployment error prints as ``diag-deployment-error-row-remap-pending-gpu3-excerpt.txt``
 does, warnings are cut into 45-character pieces as in
-``diag-r2-gpu-memory-fail-gpu0-thermal-warning-excerpt.txt``; the JSON (``-j``) is DCGM 3.1's
-(``diag-j-8gpu-dcgm3.1.0-pass-nulls-leading-warning.txt``: jsoncpp's tab-indented style,
-``null`` between Deployment tests, upper-case statuses, a Custom ``software`` result per GPU).
-Failure messages and error ids are DCGM's own (dcgmlib/dcgm_errors.h, Apache-2.0).
+``diag-r2-gpu-memory-fail-gpu0-thermal-warning-excerpt.txt``; the JSON (``-j``) of DCGM 3 is
+DCGM 3.1's (``diag-j-8gpu-dcgm3.1.0-pass-nulls-leading-warning.txt``: jsoncpp's tab-indented
+style, ``null`` between Deployment tests, upper-case statuses, a Custom ``software`` result per
+GPU). Failure messages and error ids are DCGM's own (dcgmlib/dcgm_errors.h, Apache-2.0).
+
+DCGM 4 (``GPUREADY_SIM_VERSION`` 4.x) prints DCGM 4's JSON document instead: no licensed real
+capture of it was found, so it is held to NVIDIA's JSON Schema of that output, which NVIDIA's
+own tests validate real ``dcgmi diag -j`` output against
+(``tests/fixtures/dcgmi/schema-diag-json-dcgm4.6.0.json``), and written as DCGM 4.6.0's
+dcgmi/Diag.cpp writes it (``HelperJsonBuildOutput``, jsoncpp's ``toStyledString``: keys in
+byte order): ``"DCGM Diagnostic"`` > ``test_categories`` > tests named by their plugin
+(``software``, ``pcie``, ``memory``, ``diagnostic``, ``targeted_stress``, ``targeted_power``,
+``memory_bandwidth``), one result per GPU entity (``entity_group`` ``GPU``,
+``entity_group_id`` 1, ``entity_id``, ``status`` ``Pass``/``Fail``, ``warnings`` objects) and
+a ``test_summary``; ``entity_groups`` (each GPU's ``device_id`` and ``serial_num``) and
+``metadata`` (``version``, ``Driver Version Detected``). Its text table stays DCGM 3.3's.
 
 Levels: 1 runs the Deployment tests; 2 adds PCIe (Integration) and GPU Memory (Hardware); 3
 adds Diagnostic, Targeted Stress, Targeted Power and Memory Bandwidth (level 3's test list is
@@ -251,6 +263,57 @@ def render_json(version: str, gpus: int, level: int, found: list[Finding]) -> st
     return _styled(doc) + "\n"
 
 
+# DCGM 4 names its tests by their plugin (nvvs/include/PluginStrings.h) in the categories of
+# PLUGIN_CATEGORY_*; the Deployment tests of DCGM 3 are the one "software" test.
+DCGM4_TESTS = {**dict.fromkeys(DEPLOYMENT, ("Deployment", "software")),
+               "PCIe": ("Integration", "pcie"), "GPU Memory": ("Hardware", "memory"),
+               "Diagnostic": ("Hardware", "diagnostic"),
+               "Targeted Stress": ("Stress", "targeted_stress"),
+               "Targeted Power": ("Stress", "targeted_power"),
+               "Memory Bandwidth": ("Stress", "memory_bandwidth")}
+GPU_GROUP, GPU_GROUP_ID = "GPU", 1  # DCGM_FE_GPU
+
+
+def render_json4(version: str, driver: str, gpus: list[dict[str, Any]], level: int,
+                 found: list[Finding]) -> str:
+    """DCGM 4's ``dcgmi diag -j`` document (module docstring)."""
+    order = [DEPLOYMENT[0]] + [test for _, test in tests_for(level)]
+    categories: dict[str, list[dict[str, Any]]] = {}
+    for test in order:
+        category, name = DCGM4_TESTS[test]
+        failed_tests = {t for t, (_, n) in DCGM4_TESTS.items() if n == name}
+        results = []
+        for gpu in range(len(gpus)):
+            failed = [f for f in found if f.test in failed_tests and f.gpu == gpu]
+            result: dict[str, Any] = {"entity_group": GPU_GROUP, "entity_group_id": GPU_GROUP_ID,
+                                      "entity_id": gpu, "status": "Fail" if failed else "Pass"}
+            if failed:
+                result["warnings"] = [_warning(f) for f in failed]
+            results.append(result)
+        summary = "Fail" if any(r["status"] == "Fail" for r in results) else "Pass"
+        categories.setdefault(category, []).append(
+            {"name": name, "results": results, "test_summary": {"status": summary}})
+    entities = [{"device_id": str(g.get("pci_device_id", "0x0000"))[2:6].lower(),
+                 "entity_id": i, **({"serial_num": str(g["serial"])} if g.get("serial") else {})}
+                for i, g in enumerate(gpus)]
+    metadata = {"version": version, **({"Driver Version Detected": driver} if driver else {})}
+    doc = {"DCGM Diagnostic": {"test_categories": [
+        {"category": c, "tests": t} for c, t in categories.items()]},
+        "entity_groups": [{"entities": entities, "entity_group": GPU_GROUP,
+                           "entity_group_id": GPU_GROUP_ID}],
+        "metadata": metadata}
+    return _styled(_sorted(doc)) + "\n"
+
+
+def _sorted(value: Any) -> Any:
+    """Objects with their keys in byte order, as jsoncpp keeps them."""
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
+
+
 # -- the command ---------------------------------------------------------------------------
 
 CONNECTION_ERROR = (
@@ -287,7 +350,9 @@ def diag(args: list[str], version: str) -> tuple[str, int]:
     gpus = len(hw["gpus"]) - (1 if "gpu-missing" in faults else 0)
     found = findings(hw, faults, level, gpus)
     device_ids = [str(g.get("pci_device_id", "0x0000"))[2:6].lower() for g in hw["gpus"][:gpus]]
-    if as_json:
+    if as_json and int(version.split(".", maxsplit=1)[0]) >= 4:
+        out = render_json4(version, _driver(), hw["gpus"][:gpus], level, found)
+    elif as_json:
         out = render_json(version, gpus, level, found)
     else:
         out = render_text(version, _driver(), device_ids, level, found)

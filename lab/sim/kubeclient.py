@@ -1,24 +1,24 @@
 #!/usr/bin/env python3
-"""gpuready lab simulator: the small Kubernetes API client the lab's kubeadm and kubelet use.
+"""gpuready lab simulator: the small Kubernetes API client of the SIMULATED GPU Feature Discovery.
 
-Runs inside lab hosts, so it has only Python's standard library and the host's ``openssl``
-command. Reads the kubeconfigs kubeadm writes (one cluster, one user: ``server``,
+The lab's Kubernetes is real (the built kube-apiserver, kubeadm and kubelet, lab/kube/); this
+client serves only the one simulator that talks to it, GPU Feature Discovery
+(``daemons.py gpu_feature_discovery``), which labels its own Node with the real kubelet's
+credentials. It runs inside lab hosts, so it has only Python's standard library. Reads the
+kubeconfig the real kubeadm writes for the kubelet (one cluster, one user: ``server``,
 ``certificate-authority[-data]``, ``token``, ``client-certificate``/``client-key``); it is not a
 general kubeconfig parser. Root-owned paths sit under ``$GPUREADY_LAB_ROOT`` (default /), so
-tests can run the tools unprivileged.
+tests can run it unprivileged.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import http.client
 import json
 import os
 import re
 import ssl
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ class ApiFailure(Exception):
 @dataclass
 class Client:
     server: str  # https://host:port
-    ca_pem: bytes | None  # None: do not verify the server (kubeadm's discovery request)
+    ca_pem: bytes | None  # None: do not verify the server
     token: str | None = None
     cert_file: str | None = None  # PEM with certificate and key
     timeout: float = 10.0
@@ -64,7 +64,7 @@ class Client:
         url = urlsplit(self.server)
         conn = http.client.HTTPSConnection(url.hostname or "", url.port or 443,
                                            timeout=self.timeout, context=self._context())
-        headers = {"Accept": "application/json", "User-Agent": f"{SIMULATOR}/kubeadm-kubelet"}
+        headers = {"Accept": "application/json", "User-Agent": f"{SIMULATOR}/gpu-feature-discovery"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         data = None
@@ -119,42 +119,3 @@ def kubeconfig_client(path: Path) -> Client:
     cert = _field(text, "client-certificate")
     return Client(server, ca, token=_field(text, "token"),
                   cert_file=str(root(cert)) if cert else None)
-
-
-def kubeconfig_text(server: str, ca_pem: bytes, user: str, *, token: str | None = None,
-                    cert_file: str | None = None) -> str:
-    """A kubeconfig as kubeadm writes kubelet.conf and admin.conf."""
-    auth = (f"    token: {token}\n" if token else
-            f"    client-certificate: {cert_file}\n    client-key: {cert_file}\n")
-    ca = base64.b64encode(ca_pem).decode()
-    return ("apiVersion: v1\nclusters:\n- cluster:\n"
-            f"    certificate-authority-data: {ca}\n    server: {server}\n"
-            "  name: default-cluster\ncontexts:\n- context:\n    cluster: default-cluster\n"
-            f"    namespace: default\n    user: {user}\n  name: default-context\n"
-            "current-context: default-context\nkind: Config\npreferences: {}\nusers:\n"
-            f"- name: {user}\n  user:\n{auth}")
-
-
-# -- openssl --------------------------------------------------------------------------------
-def _openssl(*args: str, stdin: bytes | None = None) -> bytes:
-    proc = subprocess.run(["openssl", *args], input=stdin, capture_output=True, check=False)
-    if proc.returncode != 0:
-        raise ApiFailure(f"openssl {args[0]}: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout
-
-
-def ca_public_key_hash(ca_pem: bytes) -> str:
-    """``sha256:<hex>`` of the certificate's DER SubjectPublicKeyInfo, as kubeadm pins it."""
-    pubkey = _openssl("x509", "-noout", "-pubkey", stdin=ca_pem)
-    der = _openssl("pkey", "-pubin", "-outform", "DER", stdin=pubkey)
-    return "sha256:" + hashlib.sha256(der).hexdigest()
-
-
-def new_key_and_csr(common_name: str, organization: str) -> tuple[bytes, bytes]:
-    """A new ECDSA P-256 key and a CSR for it (PEM), as the kubelet's TLS bootstrap makes."""
-    with tempfile.TemporaryDirectory(prefix="kubelet-csr-") as tmp:
-        key = Path(tmp) / "key.pem"
-        csr = _openssl("req", "-new", "-newkey", "ec", "-pkeyopt",
-                       "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
-                       "-subj", f"/O={organization}/CN={common_name}")
-        return key.read_bytes(), csr

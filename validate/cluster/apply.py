@@ -22,7 +22,6 @@ objects are not its business (none runs in the gpuready lab: no images can be pu
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -33,9 +32,11 @@ from typing import Any, TextIO
 import urllib3
 import yaml
 
+from validate import kube_response
 from validate.cluster.render import MANAGED_BY, MANAGER, ident, manifests, node_labels
 from validate.cluster.spec import ClusterSpec
-from validate.gate import _certificate_failure, _short, _status_message
+from validate.gate import _certificate_failure, _short
+from validate.text import one_line
 
 FIELD_MANAGER = MANAGER
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -111,7 +112,9 @@ def _retry_after(value: str | None) -> float:
 
 class ClusterApi:
     """The official client's ApiClient, used for raw JSON requests (the renderer's kinds are
-    partly CRDs, which the generated API classes do not cover)."""
+    partly CRDs, which the generated API classes do not cover). Each answer is JSON checked by
+    validate/kube_response.py before use (:meth:`get`, :meth:`list`, ...: of the kind asked
+    for); one that is not is an ApplyError naming the request and what came back."""
 
     def __init__(self, kubeconfig: Path | None, timeout: tuple[float, float] = (5.0, 60.0)):
         from kubernetes import client, config  # noqa: PLC0415 (slow import; cluster only)
@@ -130,8 +133,23 @@ class ClusterApi:
         self._timeout = timeout
         self.server = str(configuration.host)
 
+    def object(self, kind: Kind, method: str, path: str, query: Sequence[tuple[str, str]] = (),
+               body: Any = None, content_type: str = "application/json") -> dict[str, Any]:
+        """One request whose answer must be an object of ``kind``."""
+        doc = self.request(method, path, query, body, content_type)
+        return dict(_checked(kube_response.obj, f"{method} {path}", doc, kind.kind,
+                             kind.api_version))
+
+    def listing(self, kind: Kind, query: Sequence[tuple[str, str]] = ()
+                ) -> list[dict[str, Any]]:
+        """The objects of ``kind`` (every namespace) that ``query`` selects."""
+        path = kind.collection()
+        doc = self.request("GET", path, query)
+        return list(_checked(kube_response.items, f"GET {path}", doc, kind.kind,
+                             kind.api_version))
+
     def request(self, method: str, path: str, query: Sequence[tuple[str, str]] = (),
-                body: Any = None, content_type: str = "application/json") -> dict[str, Any]:
+                body: Any = None, content_type: str = "application/json") -> Any:
         """One request; a 429 (the server busy, or a CRD's storage still initialising just
         after it was installed) is retried after the server's Retry-After, for up to
         :data:`BUSY_RETRY_S` seconds."""
@@ -145,7 +163,7 @@ class ClusterApi:
                 time.sleep(exc.retry_after_s)
 
     def _request(self, method: str, path: str, query: Sequence[tuple[str, str]],
-                 body: Any, content_type: str) -> dict[str, Any]:
+                 body: Any, content_type: str) -> Any:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -164,20 +182,34 @@ class ClusterApi:
             raise ApiUnavailable(f"cannot reach the Kubernetes API at {self.server}: "
                                  f"{_short(exc)}") from None
         status = int(response.status)
+        endpoint = f"{method} {path}"
         if status >= 400:
-            message = _status_message(data) or str(response.reason)
+            message = kube_response.status_message(data) or one_line(str(response.reason))
             if status == 404:
-                raise NotFound(message)
+                raise NotFound(f"{endpoint}: 404 Not Found: {message}")
             if status == 429:
                 wait = response.getheader("Retry-After")  # type: ignore[no-untyped-call]
-                raise Busy(f"{method} {path}: the API server answered 429: {message}",
+                raise Busy(f"{endpoint}: the API server answered 429: {message}",
                            _retry_after(wait))
-            if status in (401, 403):
-                raise ApiUnavailable(f"the API server at {self.server} refused {method} {path} "
-                                     f"({status}): {message}")
-            raise ApplyError(f"{method} {path}: the API server answered {status}: {message}")
-        doc: dict[str, Any] = json.loads(data or b"{}")
-        return doc
+            if status == 401:
+                raise ApiUnavailable(kube_response.refusal(endpoint, self.server, status,
+                                                           message))
+            if status == 403:
+                raise ApplyError(kube_response.refusal(endpoint, self.server, status, message))
+            raise ApplyError(f"{endpoint}: the API server answered {status}: {message}")
+        try:
+            return kube_response.decode(endpoint, data)
+        except kube_response.BadResponse as exc:
+            raise ApplyError(str(exc)) from None
+
+
+def _checked(check: Any, endpoint: str, doc: Any, *args: Any) -> Any:
+    """``check(endpoint, doc, *args)`` (a kube_response check), its BadResponse an
+    ApplyError."""
+    try:
+        return check(endpoint, doc, *args)
+    except kube_response.BadResponse as exc:
+        raise ApplyError(str(exc)) from None
 
 
 def _path(kind: Kind, obj: Mapping[str, Any]) -> str:
@@ -241,9 +273,11 @@ class Applier:
         for kind in (*KINDS, NODE):
             if kind.api_version not in served:
                 base = "/api/" if "/" not in kind.api_version else "/apis/"
+                path = base + kind.api_version
                 try:
-                    doc = self.api.request("GET", base + kind.api_version)
-                    served[kind.api_version] = {r.get("name") for r in doc.get("resources", [])}
+                    doc = self.api.request("GET", path)
+                    served[kind.api_version] = _checked(kube_response.resources, f"GET {path}",
+                                                        doc, kind.api_version)
                 except NotFound:
                     served[kind.api_version] = set()
             if kind.plural not in served[kind.api_version]:
@@ -253,7 +287,8 @@ class Applier:
         if problems:
             raise ApplyError("; ".join(problems) + "; nothing was applied")
         try:
-            self.api.request("GET", f"/api/v1/namespaces/{self.spec.operator_namespace}")
+            self.api.object(_BY_KIND["Namespace"], "GET",
+                            f"/api/v1/namespaces/{self.spec.operator_namespace}")
         except NotFound:
             problems.append(f"namespace {self.spec.operator_namespace} (the GPU Operator's, "
                             "gpuready_cluster_operator_namespace) does not exist: install the "
@@ -261,7 +296,7 @@ class Applier:
         for obj in self.objects:
             kind = _BY_KIND[obj["kind"]]
             try:
-                live = self.api.request("GET", _path(kind, obj))
+                live = self.api.object(kind, "GET", _path(kind, obj))
             except NotFound:
                 live = None
             self.live[ident(obj)] = live
@@ -294,8 +329,8 @@ class Applier:
             self.summary.created += 1
             self._say(f"{verb}create {name} (in a new namespace: not dry-run by the server)")
             return
-        applied = self.api.request(
-            "PATCH", _path(kind, obj),
+        applied = self.api.object(
+            kind, "PATCH", _path(kind, obj),
             self._query(("fieldManager", FIELD_MANAGER), ("force", "true")), body=obj,
             content_type=APPLY_PATCH)
         if live is None:
@@ -313,7 +348,7 @@ class Applier:
     def _label_nodes(self) -> None:
         for node, labels in node_labels(self.spec).items():
             try:
-                live = self.api.request("GET", f"{NODE.collection()}/{node}")
+                live = self.api.object(NODE, "GET", f"{NODE.collection()}/{node}")
             except NotFound:
                 self._say(f"Node {node} has not joined: its device plugin label waits for a "
                           "later apply")
@@ -323,9 +358,9 @@ class Applier:
                 continue
             body = {"apiVersion": "v1", "kind": "Node",
                     "metadata": {"name": node, "labels": dict(labels)}}
-            self.api.request("PATCH", f"{NODE.collection()}/{node}",
-                             self._query(("fieldManager", FIELD_MANAGER), ("force", "true")),
-                             body=body, content_type=APPLY_PATCH)
+            self.api.object(NODE, "PATCH", f"{NODE.collection()}/{node}",
+                            self._query(("fieldManager", FIELD_MANAGER), ("force", "true")),
+                            body=body, content_type=APPLY_PATCH)
             self.summary.configured += 1
             said = ", ".join(f"{k}={v}" for k, v in labels.items())
             self._say(f"{'would label' if self.check else 'labelled'} Node {node} {said}")
@@ -333,20 +368,21 @@ class Applier:
     def _prune(self) -> None:
         keep = {ident(o) for o in self.objects}
         for kind in reversed(KINDS):
-            listed = self.api.request("GET", kind.collection(),
-                                      [("labelSelector", SELECTOR)])
-            for item in listed.get("items", []):
+            for item in self.api.listing(kind, [("labelSelector", SELECTOR)]):
                 obj = {"kind": kind.kind, "metadata": item.get("metadata", {})}
                 name = ident(obj)
                 if name in keep:
                     continue
                 if item.get("metadata", {}).get("deletionTimestamp"):
                     continue  # already going
+                path = _path(kind, obj)
                 try:
-                    self.api.request("DELETE", _path(kind, obj),
-                                     self._query(("propagationPolicy", "Background")))
+                    doc = self.api.request("DELETE", path,
+                                           self._query(("propagationPolicy", "Background")))
                 except NotFound:
                     continue
+                _checked(kube_response.one_of, f"DELETE {path}", doc,
+                         {kind.kind: kind.api_version, "Status": "v1"})
                 self.summary.deleted += 1
                 what = " and everything in it" if kind.kind == "Namespace" else ""
                 self._say(f"{'would delete' if self.check else 'deleted'} {name}{what} "

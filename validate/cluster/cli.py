@@ -5,8 +5,9 @@
 
 Exit codes (validate.model.ExitCode): 0 done (``--check``: whatever it would change), 2 a bad
 inventory (nothing rendered or applied), a cluster that lacks the CRDs or holds an object of the
-same name that is not gpuready's (nothing applied), or the API server refusing a request, 3 the
-API server cannot be reached or refuses the credentials.
+same name that is not gpuready's (nothing applied), the API server refusing a request (403:
+named with what to do) or answering what was not asked for (validate/kube_response.py), 3 the
+API server cannot be reached or does not accept the credentials (401).
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ them, flavors before the queues that name them), each labelled
 
 - **GPU Operator, host-driver mode** (pinned release :data:`GPU_OPERATOR_VERSION`): the
   ``ClusterPolicy`` with the driver and the container toolkit disabled (the roles installed
-  them on the host) and the device plugin, GFD, DCGM exporter and validator kept; the device
+  them on the host) and the device plugin, GFD, DCGM exporter and validator kept. One DCGM host
+  engine per node, the host's: the ``nvidia_dcgm`` role runs ``nv-hostengine``, so the
+  operator's own (``dcgm.enabled``) stays off and its exporter connects to the host's
+  (:data:`DCGM_HOSTENGINE`, on the host's network) instead of starting one embedded; the device
   plugin's ``ConfigMap`` (``devicePlugin.config``) with one configuration per sharing mode the
   pools use: ``full-gpu`` (the default), ``time-slicing-<replicas>``, ``mig-single`` or
   ``mig-mixed``. Each Node selects its pool's by the label the operator reads,
@@ -63,6 +66,15 @@ _DCGM_EXPORTER_IMAGE = {"repository": "nvcr.io/nvidia/k8s", "image": "dcgm-expor
                         "version": "4.6.0-4.8.3-distroless"}
 _VALIDATOR_IMAGE = {"repository": "nvcr.io/nvidia", "image": "gpu-operator",
                     "version": GPU_OPERATOR_VERSION}
+# The node's one DCGM host engine is the host's: the nvidia_dcgm role runs nv-hostengine
+# (nvidia-dcgm.service, NVIDIA's unit: no --port or --bind-interface, so DCGM's defaults,
+# DCGM_HE_PORT_NUMBER 5555 on 127.0.0.1). dcgm-exporter starts an embedded host engine unless
+# told a remote one (DCGM_REMOTE_HOSTENGINE_INFO, its --remote-hostengine-info); the operator
+# runs an exporter told "localhost:..." on the host's network (its controller's case "DCGM
+# running on the host itself"), where localhost is the node and 127.0.0.1:5555 the roles' engine.
+DCGM_HOSTENGINE = "localhost:5555"
+DCGM_REMOTE_HOSTENGINE_ENV = "DCGM_REMOTE_HOSTENGINE_INFO"
+_DCGM_EXPORTER_ENV = [{"name": DCGM_REMOTE_HOSTENGINE_ENV, "value": DCGM_HOSTENGINE}]
 # What a container gets when it asks for nothing (a quota on CPU/memory refuses such a pod).
 DEFAULT_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
 ACCEPTANCE_CHECKPOINT_MIB = 4096
@@ -132,8 +144,10 @@ def cluster_policy(spec: ClusterSpec) -> Manifest:
             "devicePlugin": {"enabled": True, **_DEVICE_PLUGIN_IMAGE,
                              "config": {"name": DEVICE_PLUGIN_CONFIG_MAP, "default": FULL_GPU}},
             "gfd": {"enabled": True, **_DEVICE_PLUGIN_IMAGE},
-            "dcgm": {"enabled": False},  # the exporter's embedded host engine
-            "dcgmExporter": {"enabled": True, **_DCGM_EXPORTER_IMAGE},
+            # No operator host engine: the roles' nv-hostengine is the node's one (above).
+            "dcgm": {"enabled": False},
+            "dcgmExporter": {"enabled": True, **_DCGM_EXPORTER_IMAGE, "hostNetwork": True,
+                             "env": [dict(e) for e in _DCGM_EXPORTER_ENV]},
             "validator": dict(_VALIDATOR_IMAGE),
             "nodeStatusExporter": {"enabled": False},
             "mig": {"strategy": strategy},
@@ -159,7 +173,8 @@ def _helm_values(spec: ClusterSpec) -> dict[str, Any]:
         "devicePlugin": {"enabled": True, "config": {
             "create": False, "name": DEVICE_PLUGIN_CONFIG_MAP, "default": FULL_GPU}},
         "gfd": {"enabled": True},
-        "dcgmExporter": {"enabled": True},
+        "dcgm": {"enabled": False},
+        "dcgmExporter": {"enabled": True, "env": [dict(e) for e in _DCGM_EXPORTER_ENV]},
         "mig": {"strategy": strategy},
         "migManager": {"enabled": mig_manager},
         "daemonsets": {"tolerations": _operand_tolerations(spec)},

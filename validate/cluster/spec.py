@@ -20,7 +20,9 @@ Every problem is collected and raised at once as an InventoryError naming the va
 was set (group or host, and the file) and what is wrong, before anything talks to a cluster:
 an unknown sharing mode, a time-slicing pool without replicas (or 0), a quota above what the
 pool offers, a team naming a pool the inventory does not have, a borrowing limit without a
-cohort. MIG on an accelerator without MIG is refused earlier, by validate.inventory.load
+cohort, a team namespace that is Kubernetes' own (``default``, ``kube-*``) or the GPU
+Operator's, a Node name (``node_join_node_name``, else the host's name) that is not a Kubernetes
+name. MIG on an accelerator without MIG is refused earlier, by validate.inventory.load
 (validate.mig).
 
 Output: :class:`ClusterSpec`.
@@ -64,6 +66,10 @@ ROLES = ("admin", "edit", "view")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 TEAM_KEYS = ("namespace", "pod_security", "cohort", "gpus", "cpu", "memory", "groups")
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+NOT_SET = "is not set: "  # how sharing_of says a variable is missing
+# Namespaces the cluster's own components live in (Kubernetes reserves every kube-* name): a
+# team's namespace gets Pod Security, a GPU quota and a LimitRange, which would break them.
+RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -183,6 +189,10 @@ class _Problems:
     def add(self, var: str, where: str, reason: str) -> None:
         self.lines.append(f"{var} (set in {where}) {reason}")
 
+    def missing(self, var: str, where: str, reason: str) -> None:
+        """``var`` is set nowhere: say where a site sets it (a group and its file)."""
+        self.lines.append(f"{var} is not set: {reason}; set it in {where}")
+
 
 def sharing_of(gpu_pool: Mapping[str, str], replicas: Any) -> tuple[Sharing | None, str]:
     """The pool's sharing, or None and why not (the reason names the variable at fault:
@@ -194,7 +204,7 @@ def sharing_of(gpu_pool: Mapping[str, str], replicas: Any) -> tuple[Sharing | No
         return Sharing(FULL_GPU), ""
     if mode == TIME_SLICING:
         if replicas is None:
-            return None, f"{REPLICAS}: is not set: a time-slicing pool needs its replicas per GPU"
+            return None, f"{REPLICAS}: {NOT_SET}a time-slicing pool needs its replicas per GPU"
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             return None, (f"{REPLICAS}: is {replicas!r}: replicas per GPU must be a whole "
                           "number of at least 1")
@@ -265,8 +275,8 @@ def load_spec(source: Path) -> ClusterSpec:
             glob.pop(var, None)
     prefix = (nodes[0].desired.gate.label_prefix if nodes else None) or ""
     if not prefix:
-        problems.add(desired.LABEL_PREFIX, "the inventory", "is not set: the pools' Kueue "
-                     "flavors select nodes by the gate's labels under it")
+        problems.missing(desired.LABEL_PREFIX, _group_all_file(source),
+                         "the pools' Kueue flavors select nodes by the gate's labels under it")
     operator_ns = glob.get(OPERATOR_NAMESPACE, DEFAULT_OPERATOR_NAMESPACE)
     if not isinstance(operator_ns, str) or not _DNS_LABEL.match(operator_ns):
         problems.add(OPERATOR_NAMESPACE, where(first_host, OPERATOR_NAMESPACE),
@@ -276,9 +286,10 @@ def load_spec(source: Path) -> ClusterSpec:
         problems.add(ACCEPTANCE_IMAGE, where(first_host, ACCEPTANCE_IMAGE),
                      f"is {image!r}, not an image reference")
     teams: tuple[TeamSpec, ...] = ()
+    _node_names(nodes, problems)
     if TEAMS in glob:
         teams = _teams(glob[TEAMS], {p.group: p for p in pools}, set(by_pool),
-                       problems, where(first_host, TEAMS))
+                       problems, where(first_host, TEAMS), str(operator_ns))
     if problems.lines:
         raise InventoryError(
             f"inventory {source}: {len(problems.lines)} bad cluster value(s); nothing was "
@@ -288,6 +299,17 @@ def load_spec(source: Path) -> ClusterSpec:
                        kubeconfig=nodes[0].desired.gate.kubeconfig if nodes else None)
 
 
+def _node_names(nodes: Sequence[Node], problems: _Problems) -> None:
+    """A host without node_join_node_name is its Node's name (in the pools' node lists, the
+    device plugin's labels): it must be a Kubernetes name (the variable itself was checked as
+    the inventory was read)."""
+    for node in nodes:
+        if not node.desired.gate.node_name and not desired.is_node_name(node.name):
+            problems.add(desired.NODE_NAME, f"host {node.name}", "is not set, and the host's "
+                         f"inventory name {node.name!r} (the Node's name then) is not "
+                         f"{desired.NODE_NAME_RULE}: set it to the name its kubelet registers")
+
+
 def _pool(group: str, members: list[Node], values: Mapping[str, Any], problems: _Problems,
           where: Any) -> PoolSpec | None:
     first = members[0]
@@ -295,7 +317,11 @@ def _pool(group: str, members: list[Node], values: Mapping[str, Any], problems: 
     sharing, reason = sharing_of(gpu_pool, values.get(REPLICAS))
     if sharing is None:
         var, _, why = reason.partition(": ")
-        problems.add(var, where(var), why)
+        if why.startswith(NOT_SET):
+            # Set nowhere: name the pool's own group_vars file, where its gpu_pool is set.
+            problems.missing(var, where(desired.POOL), why.removeprefix(NOT_SET))
+        else:
+            problems.add(var, where(var), why)
         return None
     taints = _taints(values.get(TAINTS, []), problems, where(TAINTS))
     labels = values.get(TOPOLOGY, [])
@@ -320,6 +346,13 @@ def _pool(group: str, members: list[Node], values: Mapping[str, Any], problems: 
         gpus_per_node=profile_for(first).hardware.gpu_count,
         gpu_pool=gpu_pool, sharing=sharing, taints=taints, topology_labels=tuple(labels),
         mig_devices_per_node=mig_devices)
+
+
+def _group_all_file(source: Path) -> str:
+    """Where a site-wide variable goes: group all's file for the cluster (the examples'
+    ``group_vars/all/cluster.yml``)."""
+    base = source if source.is_dir() else source.parent
+    return f"group all ({base / 'group_vars' / 'all' / 'cluster.yml'})"
 
 
 def _taints(value: Any, problems: _Problems, where: str) -> tuple[Taint, ...]:
@@ -352,14 +385,14 @@ def _count(value: Any) -> int | None:
 
 
 def _teams(value: Any, pools: Mapping[str, PoolSpec], pool_groups: set[str],
-           problems: _Problems, where: str) -> tuple[TeamSpec, ...]:
+           problems: _Problems, where: str, operator_ns: str) -> tuple[TeamSpec, ...]:
     if not isinstance(value, Mapping):
         problems.add(TEAMS, where, f"is {type(value).__name__}, not a mapping of team names")
         return ()
     teams = []
     namespaces: dict[str, str] = {}
     for name, body in value.items():
-        team = _team(str(name), body, pools, pool_groups, problems, where)
+        team = _team(str(name), body, pools, pool_groups, problems, where, operator_ns)
         if team is None:
             continue
         if team.namespace in namespaces:
@@ -372,7 +405,7 @@ def _teams(value: Any, pools: Mapping[str, PoolSpec], pool_groups: set[str],
 
 
 def _team(name: str, body: Any, pools: Mapping[str, PoolSpec], pool_groups: set[str],
-          problems: _Problems, where: str) -> TeamSpec | None:
+          problems: _Problems, where: str, operator_ns: str) -> TeamSpec | None:
     said = len(problems.lines)
 
     def bad(reason: str) -> None:
@@ -389,6 +422,14 @@ def _team(name: str, body: Any, pools: Mapping[str, PoolSpec], pool_groups: set[
     namespace = str(body.get("namespace", name))
     if not _DNS_LABEL.match(namespace):
         bad(f"namespace {namespace!r} is not a namespace name")
+    elif namespace in RESERVED_NAMESPACES or namespace.startswith("kube-"):
+        bad(f"namespace {namespace} is Kubernetes' own: a team's namespace gets Pod Security, "
+            "a GPU quota and a LimitRange, which would break what the cluster runs there; "
+            "give the team a namespace of its own")
+    elif namespace == operator_ns:
+        bad(f"namespace {namespace} is the GPU Operator's ({OPERATOR_NAMESPACE}): a team's "
+            "Pod Security, quota and LimitRange would stop the operator's pods; give the team "
+            "a namespace of its own")
     level = body.get("pod_security", "restricted")
     if level not in POD_SECURITY_LEVELS:
         bad(f"pod_security is {level!r}, not one of {', '.join(POD_SECURITY_LEVELS)}")

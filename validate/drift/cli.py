@@ -24,17 +24,26 @@ from validate.drift.model import (
     DEFAULT_TASK_TIMEOUT_S,
     Layer,
 )
-from validate.model import DEFAULT_K, DEFAULT_MARGIN, DEFAULT_MIN_RUNS, RUN_KINDS
+from validate.model import DEFAULT_K, DEFAULT_MARGIN, DEFAULT_MIN_RUNS, RUN_KINDS, ExitCode
 
 
 def _layers(text: str) -> tuple[Layer, ...]:
     names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        known = ", ".join(layer.value for layer in Layer)
+        raise argparse.ArgumentTypeError(f"{text!r} names no layer (known: {known}); drift "
+                                         "that compares nothing would exit 0 and read as none")
     try:
         chosen = {Layer(n) for n in names}
     except ValueError:
         known = ", ".join(layer.value for layer in Layer)
         raise argparse.ArgumentTypeError(f"unknown layer in {text!r} (known: {known})") from None
     return tuple(layer for layer in Layer if layer in chosen)
+
+
+def _perf_checks(text: str) -> str:
+    """``''`` is no performance check (documented); ``,`` names none by mistake."""
+    return text if text == "" else argtypes.selection("--perf-checks", "check")(text)
 
 
 def _baseline_args(p: argparse.ArgumentParser) -> None:
@@ -54,7 +63,7 @@ def add_parsers(sub: Any, default_out: Path) -> list[Any]:
     """Add the two subcommands to ``sub`` (argparse subparsers); returns the new parsers."""
     d = sub.add_parser("drift", help="read-only drift check of the inventory's GPU nodes")
     d.add_argument("-i", "--inventory", required=True, type=argtypes.path)
-    d.add_argument("-l", "--limit", help="Ansible host pattern")
+    d.add_argument("-l", "--limit", type=argtypes.limit, help="Ansible host pattern")
     d.add_argument("--out", type=argtypes.path, default=default_out,
                    help="reports root directory")
     d.add_argument("--history", type=argtypes.path, action="append", default=[],
@@ -62,7 +71,7 @@ def add_parsers(sub: Any, default_out: Path) -> list[Any]:
                         "(repeatable; default: --out)")
     d.add_argument("--layers", type=_layers, default=tuple(Layer),
                    help="comma-separated layers to compare (default: all)")
-    d.add_argument("--perf-checks", default=DEFAULT_CHECKS,
+    d.add_argument("--perf-checks", type=_perf_checks, default=DEFAULT_CHECKS,
                    help=f"checks of the performance layer (default {DEFAULT_CHECKS}; "
                         "'' for none)")
     _baseline_args(d)
@@ -89,7 +98,7 @@ def add_parsers(sub: Any, default_out: Path) -> list[Any]:
                         "then KUBECONFIG / ~/.kube/config), as the gate reads it")
     d.add_argument("--forks", type=argtypes.count(1, argtypes.MAX_CONCURRENCY),
                    help="Ansible forks for the check-mode run")
-    d.add_argument("--textfile", type=argtypes.path,
+    d.add_argument("--textfile", type=argtypes.output_file,
                    help="also write the Prometheus metrics here, atomically (node_exporter's "
                         "textfile collector directory)")
     d.add_argument("--keep-days", type=argtypes.days(36_500),
@@ -119,6 +128,10 @@ def add_parsers(sub: Any, default_out: Path) -> list[Any]:
 
 
 def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    if args.layers == (Layer.PERFORMANCE,) and not args.perf_checks:
+        stderr.write("error: --layers performance with --perf-checks '' compares nothing; "
+                     "name the checks or another layer\n")
+        return ExitCode.USAGE_OR_TOOL_ERROR
     from validate.drift import commands  # noqa: PLC0415  (lazy: check mode, probes, pandas)
 
     return commands.cmd_drift(args, stdout, stderr)

@@ -15,6 +15,7 @@ from validate.drift.run import DriftOptions, run_drift
 from validate.history import BaselineSettings, fleet_table, node_series, parse_figure, summarise
 from validate.model import ExitCode
 from validate.runlog import RUN_LOG, RUN_LOG_FILE
+from validate.text import one_line
 
 
 def _open_run_log(run_dir: Path) -> None:
@@ -49,16 +50,22 @@ def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     with runner.stop_on_signals(control, second_stops_at_once=False):
         result = run_drift(opts, progress=say, control=control, on_reserved=_open_run_log)
     drift = result.table[result.table["status"] == FindingStatus.DRIFT.value]
+    # A finding's values are the node's (a version string, a label someone set): each stays
+    # on its line, its control characters escaped (validate/text.py).
     for r in drift.itertuples(index=False):
-        stdout.write(f"DRIFT {r.node} {r.layer} {r.item}: declared {r.declared}, "
-                     f"actual {r.actual} (since {r.since})\n")
+        stdout.write(f"DRIFT {_s(r.node)} {_s(r.layer)} {_s(r.item)}: declared "
+                     f"{_s(r.declared)}, actual {_s(r.actual)} (since {_s(r.since)})\n")
+    notes = result.table[result.table["status"] == FindingStatus.NOTE.value]
+    for r in notes.itertuples(index=False):
+        stdout.write(f"NOTE {_s(r.node)} {_s(r.layer)} {_s(r.item)}: {_s(r.actual)}; "
+                     f"{_s(r.detail)}\n")
     if result.labels_unavailable:
-        stdout.write(f"NOT COMPARED labels and taints: {result.labels_unavailable}\n")
+        stdout.write(f"NOT COMPARED labels and taints: {_s(result.labels_unavailable)}\n")
     else:  # per node: no validation run of it, or one the gate would not act on
         unseen = result.table[(result.table["layer"] == Layer.LABELS.value)
                               & (result.table["status"] == FindingStatus.UNAVAILABLE.value)]
         for r in unseen.itertuples(index=False):
-            stdout.write(f"NOT COMPARED {r.node} {r.layer}: {r.detail}\n")
+            stdout.write(f"NOT COMPARED {_s(r.node)} {_s(r.layer)}: {_s(r.detail)}\n")
     if result.interrupted:
         stdout.write("INTERRUPTED: a partial drift report\n")
     stdout.write(f"report: {result.run_dir}\n")
@@ -67,6 +74,10 @@ def cmd_drift(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
                      f"{args.keep_days:g} days\n")
     stdout.write(f"exit: {int(result.exit_code)} {result.exit_code.name}\n")
     return result.exit_code
+
+
+def _s(value: object) -> str:
+    return one_line(str(value))
 
 
 def _emit(df: pd.DataFrame, fmt: str, stdout: TextIO) -> None:

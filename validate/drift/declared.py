@@ -55,6 +55,23 @@ def role_default(role: str, var: str) -> Any:
 
 
 @functools.cache
+def _role_constants(role: str) -> dict[str, Any]:
+    path = ROLES_DIR / role / "vars" / "main.yml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def role_constant(role: str, var: str) -> str | None:
+    """A plain constant of ``roles/<role>/vars/main.yml`` (e.g. the unit a role runs); None
+    when absent or templated."""
+    value = _role_constants(role).get(var)
+    return value if isinstance(value, str) and "{{" not in value else None
+
+
+@functools.cache
 def _os_vars(role: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for path in sorted((ROLES_DIR / role / "vars").glob("*.yml")):

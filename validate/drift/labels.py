@@ -14,6 +14,13 @@ declared                  what the gate would set (``absent``: it would remove i
 actual                    what the Node carries (``absent``: nothing)
 ========================  ==================================================================
 
+A node an operator released from quarantine (``validate gate --release``) is judged as the
+gate judges it after the release: evidence measured before the release does not quarantine it
+again (validate/labels.py), and while the decision rests on such evidence the node's findings
+come with a ``note`` (item ``release``, actual ``released by <who> at <when>``, detail: why,
+the codes lifted and the run that found them), so the console shows the release on the node's
+line.
+
 A GPU node of the inventory with no Node is ``Node object``: declared ``registered``, actual
 ``absent``. Only the gate's keys are compared; labels of other owners (GPU Feature Discovery's
 ``nvidia.com/*``, the kubelet's) are the gate's input, never drift.
@@ -69,6 +76,7 @@ from validate.profiles import ProfileError
 from validate.results import LATEST, PARTIAL_SUFFIX, ResultsError
 
 ITEM = "labels and taints"
+RELEASE_ITEM = "release"
 SOURCE = "gate decision vs Node (API server)"
 DECLARED = "compared with the gate"
 NOT_COMPARED = "not compared"
@@ -224,6 +232,16 @@ def layer(nodes: Sequence[Node], roots: Sequence[Path], *, kubeconfig: Path | No
         plan = plan_node(obj, wanted, setup.prefix)
         why = (f"the gate decides {wanted.verdict} from run {run_id}"
                + (f" ({', '.join(wanted.codes)})" if wanted.codes else ""))
+        if wanted.released is not None:
+            r = wanted.released
+            why += f", after the release by {r.by or '?'} at {r.at or '?'}"
+            add(RELEASE_ITEM, "", f"released by {r.by or '?'} at {r.at or '?'}",
+                FindingStatus.NOTE,
+                f"{r.reason or '?'} (quarantine for {', '.join(r.codes) or '?'} found by run "
+                f"{r.run or '?'} lifted; the gate judges run {run_id}, measured before the "
+                f"release, as {wanted.verdict}"
+                + ("" if wanted.verdict == "passed"
+                   else ": out until a run admits it") + ")")
         for change in plan.changes:
             add(f"{change.kind} {change.key}", change.new or "absent", change.old or "absent",
                 FindingStatus.DRIFT, why)

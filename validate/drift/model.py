@@ -9,7 +9,10 @@ A finding's ``status`` says what kind of news it is:
   or kubeconfig, a node no validation run covers): the run is incomplete, exit code 2 (unless
   ``--layers`` left the layer out, when it is not asked at all);
 - ``error``: a probe or the check-mode run could not answer (exit code 2);
-- ``unreachable``: the node could not be reached at all, or stopped answering (exit code 3).
+- ``unreachable``: the node could not be reached at all, or stopped answering (exit code 3);
+- ``note``: not drift, a fact the node's findings are read with: an operator's release of its
+  quarantine that the gate's decision honours (item ``release``: who, when, why); it does not
+  change the code.
 
 An interrupted run (SIGINT/SIGTERM) exits 130 whatever it found (validate/drift/run.py).
 
@@ -25,7 +28,8 @@ versions                  ``kernel``, ``driver module``, ``driver library``,
                           ``driver module/library``, ``package <name>``, ``hold <name>``
 runtime                   ``service <unit>``, ``persistence mode``, ``module <name>``,
                           ``containerd runtime <name>``
-labels                    ``label <key>``, ``taint <key>``, ``annotation <key>``
+labels                    ``label <key>``, ``taint <key>``, ``annotation <key>``,
+                          ``release`` (a note)
 performance               ``<check> <metric>`` (``nccl.allreduce busbw_gbps``)
 ========================  =================================================================
 """
@@ -69,6 +73,7 @@ class FindingStatus(StrEnum):
     UNAVAILABLE = "unavailable"
     ERROR = "error"
     UNREACHABLE = "unreachable"
+    NOTE = "note"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,7 @@ def merged(findings: Iterable[Finding]) -> list[Finding]:
 
 
 _RANK = {
+    FindingStatus.NOTE: 0,
     FindingStatus.SKIPPED: 0,
     FindingStatus.UNAVAILABLE: 1,
     FindingStatus.DRIFT: 2,
@@ -132,7 +138,7 @@ _RANK = {
 def exit_code(findings: Sequence[Finding]) -> ExitCode:
     """The one exit-code table, applied to a drift run: unreachable (3) beats incomplete (a
     tool error or a layer that could not be compared: 2) beats drift (``CHECK_FAILED``, 1);
-    skipped items do not change the code."""
+    skipped items and notes do not change the code."""
     statuses = {f.status for f in findings}
     if FindingStatus.UNREACHABLE in statuses:
         return ExitCode.UNREACHABLE

@@ -14,10 +14,12 @@ without a reboot). Package versions and holds are compared with what the check-m
 declares (:func:`package_findings`).
 
 Runtime: ``service <unit>`` for the units the validators require (node.services' list and its
-rule for a kubelet waiting for ``kubeadm join``), ``persistence mode`` on every GPU,
-``containerd runtime <name>`` in ``containerd config dump``, ``module <name>`` for the kernel
-modules the roles load. In a container the kernel belongs to the host (as the roles say), so
-modules are not compared there.
+rule for a kubelet waiting for ``kubeadm join``) and, where the inventory pins DCGM, the
+``nvidia_dcgm`` role's host engine (``nvidia-dcgm.service``: the node's one DCGM host engine,
+which the GPU Operator's dcgm-exporter connects to; docs/cluster.md), ``persistence mode`` on
+every GPU, ``containerd runtime <name>`` in ``containerd config dump``, ``module <name>`` for
+the kernel modules the roles load. In a container the kernel belongs to the host (as the roles
+say), so modules are not compared there.
 
 A node that takes the first probe (``systemd-detect-virt``, answered at once by any Linux) and
 gives no answer within the timeout has stopped answering: it is given up at once (item
@@ -35,7 +37,7 @@ from validate.checks.gpu import NVSMI_XML
 from validate.checks.node import KUBELET, KUBELET_KUBECONFIG, expected_units
 from validate.drift import pins
 from validate.drift.config import PackageTask
-from validate.drift.declared import as_bool, as_list, declared
+from validate.drift.declared import as_bool, as_list, declared, role_constant
 from validate.drift.model import Finding, FindingStatus, Layer
 from validate.model import CODE_INTERRUPTED, CODE_TIMEOUT
 from validate.parsers import (
@@ -62,6 +64,16 @@ COMPUTE_APPS = ("nvidia-smi", f"--query-compute-apps={COMPUTE_APPS_FIELDS}", "--
 _MISMATCH = re.compile(r"Driver/library version mismatch", re.IGNORECASE)
 _NVML_LIBRARY = re.compile(r"NVML library version:\s*(\S+)")
 _NO_DRIVER = re.compile(r"couldn't communicate with the NVIDIA driver", re.IGNORECASE)
+
+
+HOSTENGINE_DETAIL = ("the node's one DCGM host engine (nvidia_dcgm role): dcgmi and the GPU "
+                     "Operator's dcgm-exporter connect to it")
+
+
+def dcgm_hostengine_unit() -> str | None:
+    """The unit the nvidia_dcgm role runs nv-hostengine as (its vars/main.yml)."""
+    name = role_constant("nvidia_dcgm", "_nvidia_dcgm_service")
+    return f"{name}.service" if name else None
 
 
 @dataclass
@@ -238,6 +250,9 @@ class Prober:
     def _services(self) -> None:
         units = (self.node.desired.services
                  or expected_units(self.ctx.profile.hardware.nvswitch))
+        hostengine = dcgm_hostengine_unit() if self.node.desired.pins.dcgm_version else None
+        if hostengine and hostengine not in units:
+            units = (*units, hostengine)
         try:
             res = self.ctx.output(("systemctl", "is-active", *units), ok_rcs=(0, 3, 4))
         except ToolFailure as exc:
@@ -252,6 +267,7 @@ class Prober:
             if state == "active" or (unit == KUBELET and self._kubelet_waiting()):
                 continue
             self.finding(Layer.RUNTIME, f"service {unit}", "active", state,
+                         detail=HOSTENGINE_DETAIL if unit == hostengine else "",
                          source="systemctl is-active")
 
     def _kubelet_waiting(self) -> bool:

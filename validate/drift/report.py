@@ -241,7 +241,13 @@ def summary_markdown(table: pd.DataFrame, meta: RunMeta) -> str:
             lines += ["## Diffs (- on the node, + declared)", ""]
             for r in diffs.head(100).itertuples(index=False):
                 lines += [f"### {r.node}: {r.item}", "", "```diff", r.detail, "```", ""]
-    other = table[table["status"] != "drift"]
+    notes = table[table["status"] == FindingStatus.NOTE.value]
+    if not notes.empty:
+        lines += ["## Notes", ""]
+        lines += _md_table(("node", "layer", "item", "note"),
+                           ((r.node, r.layer, r.item, f"{r.actual}: {r.detail}"[:300])
+                            for r in notes.head(500).itertuples(index=False)))
+    other = table[~table["status"].isin([FindingStatus.DRIFT.value, FindingStatus.NOTE.value])]
     if not other.empty:
         lines += ["## Not compared", ""]
         lines += _md_table(("node", "layer", "item", "status", "reason"),

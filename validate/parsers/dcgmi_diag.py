@@ -15,8 +15,15 @@ JSON shapes read (DCGM's nvvs/include/NvvsCommon.h documents them; Apache-2.0):
   ``"gpu_ids"`` (a string ``"0,1,2"`` for all-GPU tests, an integer for per-GPU ones) or
   ``"gpu_id"``; statuses in upper case (``PASS``); ``null`` entries may sit between tests (real
   capture: tests/fixtures/dcgmi/diag-j-8gpu-dcgm3.1.0-pass-nulls-leading-warning.txt).
-- DCGM 4.x: tests under ``"DCGM Diagnostic"``, a result names ``"entity_group"`` and
-  ``"entity_id"``; ``metadata.version`` beside it. Warnings are objects
+- DCGM 4.x (NVIDIA's JSON Schema of it, which NVIDIA's tests validate real output against:
+  tests/fixtures/dcgmi/schema-diag-json-dcgm4.6.0.json; dcgmi/Diag.cpp writes it): tests
+  under ``"DCGM Diagnostic"``, named by their plugin (``software``, ``pcie``, ``memory``...),
+  a result names ``"entity_group"`` (``GPU``; a result of another group, a CPU, is about no
+  GPU), ``"entity_group_id"`` and ``"entity_id"``; each test has a ``test_summary`` with its
+  overall status and every error, those about no entity included, so a failed summary with no
+  failed result is one all-GPU failure; ``entity_groups`` lists the GPUs the run covered
+  (their count is the report's); ``metadata`` holds ``version`` and ``Driver Version
+  Detected``. No licensed real DCGM 4 capture is in the fixtures. Warnings are objects
   ``{"warning", "error_id", "error_category", "error_severity"}`` in both.
 
 Text table (real captures in tests/fixtures/dcgmi): ``| name | result |`` rows under section
@@ -167,6 +174,9 @@ def _status(raw: object, where: str, fmt: str) -> str:
 
 
 def _gpu_ids(result: dict[str, object], where: str) -> list[int | None]:
+    group = result.get("entity_group")
+    if isinstance(group, str) and group.upper() != "GPU":
+        return [None]  # a CPU or another entity: about no GPU
     for key in ("entity_id", "gpu_id", "gpu_ids"):
         if key not in result:
             continue
@@ -245,26 +255,66 @@ def parse_json(text: str) -> DiagReport:
         for t, test in enumerate(cat["tests"]):
             if test is None:  # DCGM 3.1 writes null between tests (real capture)
                 continue
-            where = f"{category or c}/tests[{t}]"
-            if not isinstance(test, dict) or not isinstance(test.get("name"), str):
-                raise ParseError(FMT_JSON, f"{where} has no name")
-            results = test.get("results")
-            if not isinstance(results, list):
-                raise ParseError(FMT_JSON, f"{where} ({test['name']}) has no results list")
-            for r, result in enumerate(results):
-                if result is None:
-                    continue
-                at = f"{where}/results[{r}]"
-                if not isinstance(result, dict) or "status" not in result:
-                    raise ParseError(FMT_JSON, f"{at} has no status")
-                messages, ids = _warnings(result.get("warnings", result.get("warning")), at)
-                status = _status(result["status"], at, FMT_JSON)
-                for gpu in _gpu_ids(result, at):
-                    if gpu is not None:
-                        gpus.add(gpu)
-                    entries.append(DiagEntry(category, test["name"], gpu, status, messages, ids))
-    return DiagReport(version, driver, len(gpus) or None, tuple(_per_gpu(entries)),
-                      str(runtime_error or ""))
+            _test(test, category, f"{category or c}/tests[{t}]", entries, gpus)
+    counted = _entity_gpus(doc.get("entity_groups"))
+    return DiagReport(version, driver, counted or len(gpus) or None,
+                      tuple(_per_gpu(entries)), str(runtime_error or ""))
+
+
+def _test(test: object, category: str, where: str, entries: list[DiagEntry],
+          gpus: set[int]) -> None:
+    """One test's entries (and the GPUs they name), appended."""
+    if not isinstance(test, dict) or not isinstance(test.get("name"), str):
+        raise ParseError(FMT_JSON, f"{where} has no name")
+    name = test["name"]
+    results = test.get("results")
+    summary = test.get("test_summary")
+    if not isinstance(results, list) and isinstance(summary, dict):
+        results = []  # DCGM 4 writes no results when no entity has one
+    if not isinstance(results, list):
+        raise ParseError(FMT_JSON, f"{where} ({name}) has no results list")
+    first = len(entries)
+    for r, result in enumerate(results):
+        if result is None:
+            continue
+        at = f"{where}/results[{r}]"
+        if not isinstance(result, dict) or "status" not in result:
+            raise ParseError(FMT_JSON, f"{at} has no status")
+        messages, ids = _warnings(result.get("warnings", result.get("warning")), at)
+        status = _status(result["status"], at, FMT_JSON)
+        for gpu in _gpu_ids(result, at):
+            if gpu is not None:
+                gpus.add(gpu)
+            entries.append(DiagEntry(category, name, gpu, status, messages, ids))
+    if isinstance(summary, dict) and "status" in summary:
+        _summary(summary, entries, first, category, name, f"{where}/test_summary")
+
+
+def _summary(summary: dict[str, object], entries: list[DiagEntry], first: int, category: str,
+             name: str, at: str) -> None:
+    """A DCGM 4 test's overall status: a failure no result of the test shows (an error about
+    no entity) is one failure of all GPUs, with the summary's messages; a test with no results
+    is its summary."""
+    status = _status(summary["status"], at, FMT_JSON)
+    own = entries[first:]
+    if status == "skip" and own:
+        return  # "Not Run" beside results that ran says nothing more
+    if own and (status != "fail" or any(e.status == "fail" for e in own)):
+        return
+    messages, ids = _warnings(summary.get("warnings"), at)
+    entries.append(DiagEntry(category, name, None, status, messages, ids))
+
+
+def _entity_gpus(groups: object) -> int | None:
+    """How many GPUs DCGM 4's ``entity_groups`` lists (None: no such list)."""
+    if not isinstance(groups, list):
+        return None
+    count = 0
+    for group in groups:
+        if isinstance(group, dict) and str(group.get("entity_group", "")).upper() == "GPU":
+            entities = group.get("entities")
+            count += len(entities) if isinstance(entities, list) else 0
+    return count or None
 
 
 def _no_constant(name: str) -> object:

@@ -4,11 +4,13 @@ fails. The validators' parser reads every output the simulator prints."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,9 +30,9 @@ def node(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _env(node: Path, tool: str) -> dict[str, str]:
+def _env(node: Path, tool: str, version: str = "3.3.6") -> dict[str, str]:
     return {"GPUREADY_LAB_HW": str(node / "hw"), "GPUREADY_LAB_RUN": str(node / "run"),
-            "GPUREADY_SIM_TOOL": tool, "GPUREADY_SIM_VERSION": "3.3.6", "PATH": "/usr/bin:/bin"}
+            "GPUREADY_SIM_TOOL": tool, "GPUREADY_SIM_VERSION": version, "PATH": "/usr/bin:/bin"}
 
 
 @pytest.fixture
@@ -52,10 +54,10 @@ def engine(node: Path) -> Iterator[subprocess.Popen[str]]:
     assert proc.returncode == 0 and not pid_file.exists()
 
 
-def _dcgmi(node: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _dcgmi(node: Path, *args: str, version: str = "3.3.6") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SIM / "dcgmi.py"), *args],
-                          env=_env(node, "dcgmi"), capture_output=True, text=True, timeout=30,
-                          check=False)
+                          env=_env(node, "dcgmi", version), capture_output=True, text=True,
+                          timeout=30, check=False)
 
 
 def test_text_table_is_the_real_a100_capture_byte_for_byte(fixtures_dir: Path) -> None:
@@ -135,3 +137,68 @@ def test_host_engine_does_not_start_without_a_driver(node: Path) -> None:
                           env=_env(node, "nv-hostengine"), capture_output=True, text=True,
                           timeout=30, check=False)
     assert proc.returncode == 1 and "driver is not loaded" in proc.stderr
+
+
+# -- DCGM 4 ----------------------------------------------------------------------------------
+# No licensed real `dcgmi diag -j` capture of DCGM 4 was found (issue 41); DCGM 4's output is
+# held to NVIDIA's JSON Schema of it, the one NVIDIA's own tests validate real output against.
+SCHEMA = "dcgmi/schema-diag-json-dcgm4.6.0.json"
+
+
+def _schema(fixtures_dir: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((fixtures_dir / SCHEMA).read_text())
+    return doc
+
+
+@pytest.mark.parametrize(("fault", "level", "code", "gpu"), [
+    (None, "1", None, None), (None, "2", None, None), (None, "3", None, None),
+    ("row-remap-pending", "1", "dcgm.diag.row_remap_pending", 1),
+    ("pcie-degraded", "2", "dcgm.diag.pcie", 2),
+    ("gpu-memory-fail", "3", "dcgm.diag.memory", 0),
+])
+def test_dcgm4_json_is_valid_by_nvidias_schema_and_parses(
+        fixtures_dir: Path, node: Path, engine: subprocess.Popen[str], fault: str | None,
+        level: str, code: str | None, gpu: int | None) -> None:
+    import jsonschema  # noqa: PLC0415  (a test dependency: ansible-lint's)
+
+    write_faults(node / "hw", [fault] if fault else [])
+    proc = _dcgmi(node, "diag", "-r", level, "-j", version="4.6.0")
+    assert proc.returncode == (dcgmi.RC_NVVS_ERROR if fault else 0), proc.stdout
+    doc = json.loads(proc.stdout)
+    schema = jsonschema.Draft7Validator(_schema(fixtures_dir))
+    schema.validate(doc)
+    # The schema tells the layouts apart: DCGM 3's document, which the DCGM 4 simulator
+    # printed before issue 41, is not DCGM 4's.
+    assert not schema.is_valid(json.loads(dcgmi.render_json("4.6.0", 8, int(level), [])))
+    # What DCGM 4.6.0's dcgmi/Diag.cpp writes beyond what the schema requires.
+    assert list(doc) == ["DCGM Diagnostic", "entity_groups", "metadata"]
+    assert doc["metadata"] == {"Driver Version Detected": "550.90.07", "version": "4.6.0"}
+    categories = [c["category"] for c in doc["DCGM Diagnostic"]["test_categories"]]
+    assert categories == ["Deployment", "Integration", "Hardware", "Stress"][:{
+        "1": 1, "2": 3, "3": 4}[level]]
+    tests = [t["name"] for c in doc["DCGM Diagnostic"]["test_categories"] for t in c["tests"]]
+    assert tests == ["software", "pcie", "memory", "diagnostic", "targeted_stress",
+                     "targeted_power", "memory_bandwidth"][:{"1": 1, "2": 3, "3": 7}[level]]
+    (group,) = doc["entity_groups"]
+    assert [e["entity_id"] for e in group["entities"]] == list(range(8))
+    report = dcgmi_diag.parse(proc.stdout)
+    assert (report.version, report.driver, report.gpu_count) == ("4.6.0", "550.90.07", 8)
+    if fault is None:
+        assert dcgmi_diag.failures(report) == []
+        return
+    [(entry, found)] = dcgmi_diag.failures(report)
+    assert (found, entry.gpu) == (code, gpu)
+    assert f"GPU {gpu}" in entry.messages[0]
+
+
+def test_dcgm4_json_is_written_as_jsoncpp_styles_it(node: Path,
+                                                    engine: subprocess.Popen[str]) -> None:
+    """Tab-indented, ``"key" : value``, keys in byte order (jsoncpp's toStyledString, as the
+    DCGM 3.1 capture shows it), the result's keys as Diag.cpp names them."""
+    out = _dcgmi(node, "diag", "-r", "1", "-j", version="4.6.0").stdout
+    lines = out.splitlines()
+    assert lines[:6] == ["{", '\t"DCGM Diagnostic" :', "\t{", '\t\t"test_categories" :',
+                         "\t\t[", "\t\t\t{"]
+    first = out.index('"entity_group" : "GPU"')
+    assert [k.strip().split(" :")[0] for k in out[first:].splitlines()[:4]] == [
+        '"entity_group"', '"entity_group_id"', '"entity_id"', '"status"']

@@ -174,6 +174,10 @@ def test_run_bad_inputs_are_usage_errors(tmp_path: Path) -> None:
         (("--checks", ""), "names no check"),
         (("--limit", "zzz"), "--limit term 'zzz' matches no host"),
         (("--limit", "a,zzz"), "--limit term 'zzz' matches no host"),
+        # to Ansible an empty pattern is no limit: every host instead of the few meant
+        (("--limit", ","), "',' names no host or group"),
+        (("--limit", ""), "'' names no host or group"),
+        (("--limit", " : "), "' : ' names no host or group"),
         (("--run-id", "../escape"), "invalid run id '../escape'"),
         (("--run-id", "a/b"), "invalid run id 'a/b'"),
         (("--run-id", "latest"), "invalid run id 'latest'"),
@@ -251,6 +255,43 @@ def test_unwritable_out_fails_before_any_connection(tmp_path: Path) -> None:
             listener.accept()  # nobody connected
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("fabric", "--limit", ","), "--limit: ',' names no host or group"),
+    (("gate", "--limit", ""), "--limit: '' names no host or group"),
+    (("gate", "--log", "/etc"), "--log: '/etc' is a directory"),
+    (("gate", "--log", "/proc/gate.log"), "--log: '/proc/gate.log' is under /proc"),
+    (("gate", "--log", "/dev/null"), "--log: '/dev/null' exists and is not a regular file"),
+    (("upgrade", "plan", "--limit", ", ,"), "--limit: ', ,' names no host or group"),
+])
+def test_empty_selections_and_unusable_output_paths_stop_before_any_connection(
+        tmp_path: Path, argv: tuple[str, ...], message: str) -> None:
+    """Each is a usage error before the inventory is read, so before any connection: a real
+    listener stands in for the node (and, for the gate, the API server) and counts them."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    inv = _inventory(
+        tmp_path / "inv",
+        "all:\n  children:\n    gpu_nodes:\n      children:\n        pool_h100_sxm:\n"
+        f"          hosts:\n            n1: {{ansible_host: 127.0.0.1, ansible_port: {port}}}\n")
+    with (inv / "group_vars" / "pool_h100_sxm.yml").open("a") as f:
+        f.write("gpuready_label_prefix: gpu.example.com\n"
+                f"gpuready_kubeconfig: {tmp_path / 'kubeconfig'}\n")
+    before = sorted(tmp_path.rglob("*"))
+    try:
+        code, out, err = _main(*argv[:2 if argv[0] == "upgrade" else 1], "-i", str(inv),
+                               *argv[2 if argv[0] == "upgrade" else 1:])
+        assert code == ExitCode.USAGE_OR_TOOL_ERROR, (out, err)
+        assert message in err and "Traceback" not in err, err
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody connected
+    finally:
+        listener.close()
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 def test_an_unexpected_exception_is_one_line_and_exit_2(

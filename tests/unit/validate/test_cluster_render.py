@@ -158,7 +158,19 @@ def test_time_slicing_replicas_zero_or_missing(tmp_path: Path) -> None:
             "is 0: replicas per GPU must be a whole number of at least 1") in err
     code, err, path = _bad(tmp_path / "b", "pool_l40s_pcie/pool.yml",
                            lambda d: d.pop("gpuready_cluster_time_slicing_replicas"))
-    assert "is not set: a time-slicing pool needs its replicas per GPU" in err
+    # Set nowhere: the message says where a site sets it (the pool's group_vars file), not a
+    # host that never set it.
+    assert ("gpuready_cluster_time_slicing_replicas is not set: a time-slicing pool needs its "
+            f"replicas per GPU; set it in group pool_l40s_pcie ({path})") in err
+    assert "set in host" not in err
+
+
+def test_a_missing_label_prefix_names_group_all(tmp_path: Path) -> None:
+    code, err, path = _bad(tmp_path, "all/cluster.yml",
+                           lambda d: d.pop("gpuready_label_prefix"))
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    assert (f"gpuready_label_prefix is not set: the pools' Kueue flavors select nodes by the "
+            f"gate's labels under it; set it in group all ({path})") in err
 
 
 def test_mig_on_a_gpu_without_mig_is_refused(tmp_path: Path) -> None:
@@ -222,3 +234,53 @@ def test_teams_set_apart_for_one_pool_are_refused(tmp_path: Path) -> None:
     assert code == ExitCode.USAGE_OR_TOOL_ERROR
     assert f"gpuready_cluster_teams (set in group pool_a100_sxm ({path}) and group all (" in err
     assert "differs between hosts: the cluster has one (set it in group all only)" in err
+
+
+@pytest.mark.parametrize("namespace, why", [
+    ("kube-system", "is Kubernetes' own"),
+    ("kube-public", "is Kubernetes' own"),
+    ("kube-node-lease", "is Kubernetes' own"),
+    ("kube-flannel", "is Kubernetes' own"),  # every kube-* name is reserved
+    ("default", "is Kubernetes' own"),
+    ("gpu-operator", "is the GPU Operator's (gpuready_cluster_operator_namespace)"),
+])
+def test_a_team_in_a_reserved_namespace_is_refused(tmp_path: Path, namespace: str,
+                                                   why: str) -> None:
+    """A team's namespace gets Pod Security restricted, a GPU quota and a LimitRange: rendered
+    for kube-system or the operator's namespace and applied, they would break the cluster."""
+    code, err, path = _bad(tmp_path, "all/cluster.yml", lambda d: d["gpuready_cluster_teams"][
+        "research"].update(namespace=namespace))
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    assert (f"gpuready_cluster_teams (set in group all ({path})) team research: namespace "
+            f"{namespace} {why}") in err, err
+
+
+def test_a_team_named_default_without_a_namespace_is_refused(tmp_path: Path) -> None:
+    code, err, _ = _bad(tmp_path, "all/cluster.yml", lambda d: d["gpuready_cluster_teams"]
+                        .update(default={"gpus": {"pool_a100_sxm": 1}}))
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    assert "team default: namespace default is Kubernetes' own" in err
+
+
+def test_a_node_name_that_is_no_kubernetes_name_is_refused_where_it_was_set(
+        tmp_path: Path) -> None:
+    """node_join_node_name goes into the API's paths (/api/v1/nodes/<name>): '../nodes/x' is
+    refused with the variable and its file as the inventory is read; a host without it whose
+    inventory name is no Node name is named too."""
+    inv = staging_copy(tmp_path)
+    host_vars = inv / "host_vars"
+    host_vars.mkdir()
+    (host_vars / "staging-h100-01.yml").write_text('node_join_node_name: "../nodes/x"\n')
+    code, out, err = run_cli("cluster", "render", "-i", str(inv), "-o", str(tmp_path / "out"))
+    assert (code, out) == (ExitCode.USAGE_OR_TOOL_ERROR, "")
+    assert ("node_join_node_name (set on host staging-h100-01) is '../nodes/x', not a "
+            "Kubernetes Node name (an RFC 1123 subdomain") in err, err
+    assert not (tmp_path / "out").exists()
+    inv = staging_copy(tmp_path / "b")
+    hosts = inv / "hosts.yml"
+    hosts.write_text(hosts.read_text().replace("staging-a100-01:", "Staging_A100_01:"))
+    code, out, err = run_cli("cluster", "render", "-i", str(inv), "-o", str(tmp_path / "out"))
+    assert (code, out) == (ExitCode.USAGE_OR_TOOL_ERROR, "")
+    assert ("node_join_node_name (set in host Staging_A100_01) is not set, and the host's "
+            "inventory name 'Staging_A100_01' (the Node's name then) is not a Kubernetes "
+            "Node name") in err, err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests.kube_helpers import TEST_NET
 from validate import cli
 from validate.drift import report as drift_report
 from validate.model import CheckResult, ExitCode, Status
@@ -39,11 +41,58 @@ def test_usage_errors(tmp_path: Path) -> None:
     assert rc == ExitCode.USAGE_OR_TOOL_ERROR and "unknown figure" in err
 
 
-def _dead_inventory(tmp_path: Path) -> Path:
+@pytest.mark.parametrize("argv, message", [
+    (("--layers", ","), "--layers: ',' names no layer"),
+    (("--layers", " , "), "--layers: ' , ' names no layer"),
+    (("--perf-checks", ","), "--perf-checks: ',' names no check"),
+    (("--layers", "performance", "--perf-checks", ""), "compares nothing"),
+    (("--limit", ","), "--limit: ',' names no host or group"),
+    (("--limit", ""), "--limit: '' names no host or group"),
+    (("--textfile", "/etc"), "--textfile: '/etc' is a directory"),
+    (("--textfile", "/proc/gpuready.prom"), "--textfile: '/proc/gpuready.prom' is under /proc"),
+    (("--textfile", "/proc/sys/gpuready/x.prom"), "is under /proc"),
+    (("--textfile", "/sys/gpuready.prom"), "is under /sys"),
+    (("--textfile", "/dev/null"), "'/dev/null' exists and is not a regular file"),
+])
+def test_nothing_to_compare_or_nowhere_to_write_stops_before_any_connection(
+        tmp_path: Path, argv: tuple[str, ...], message: str) -> None:
+    """A drift that would compare nothing exited 0 "no drift"; a --textfile that cannot be
+    written failed after the whole drift (and moved latest-drift). Both are usage errors now,
+    before the inventory is read: a real listener in the node's place counts connections."""
+    listener = socket.socket()
+    listener.bind((f"{TEST_NET}.251", 0))
+    listener.listen(1)
+    listener.settimeout(0.2)
+    inv = _dead_inventory(tmp_path, {"ansible_host": f"{TEST_NET}.251",
+                                     "ansible_port": listener.getsockname()[1]})
+    out = tmp_path / "reports"
+    try:
+        rc, stdout, stderr = _main("drift", "-i", str(inv), "--out", str(out), *argv)
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody connected
+    finally:
+        listener.close()
+    assert rc == ExitCode.USAGE_OR_TOOL_ERROR, stdout + stderr
+    assert message in stderr and "Traceback" not in stderr, stderr
+    assert not out.exists()
+
+
+def test_a_textfile_in_a_directory_to_be_made_is_accepted_and_written(tmp_path: Path) -> None:
+    inv = _dead_inventory(tmp_path)
+    textfile = tmp_path / "collector" / "new" / "gpuready.prom"
+    rc, stdout, stderr = _main("drift", "-i", str(inv), "--out", str(tmp_path / "reports"),
+                               "--layers", "versions", "--timeout", "5", "--textfile",
+                               str(textfile), "--accept-unknown-host-keys")
+    assert rc == ExitCode.UNREACHABLE, stdout + stderr
+    assert "gpuready_drift_run_status 3" in textfile.read_text()
+    assert [p.name for p in textfile.parent.iterdir()] == ["gpuready.prom"]  # no probe left
+
+
+def _dead_inventory(tmp_path: Path, host: dict[str, object] | None = None) -> Path:
     inv = tmp_path / "inv"
     (inv / "group_vars").mkdir(parents=True)
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {
-        "children": {"pool_l40s_pcie": {"hosts": {"dead1": DEAD}}}}}}}))
+        "children": {"pool_l40s_pcie": {"hosts": {"dead1": host or DEAD}}}}}}}))
     (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump({
         "gpu_profile": "l40s-pcie-48gb-4x", "nvidia_driver_version": "550.90.07",
         "gpu_pool": {"accelerator": "l40s-48gb", "topology": "4gpu-pcie", "fabric": "ethernet",

@@ -10,6 +10,9 @@ check judged on real captures):
 - the gate's rules hold in drift because it is the gate's decision: a quarantine annotation
   removed by hand is drift on a clean run (only a release lifts it), and the failed taint's
   effect is the pool's (NoExecute);
+- after `gate --release`, the released node is judged as the gate judges it after the release
+  (out, not quarantined again, on the run that quarantined it): no drift, exit 0, and a note
+  on the node's line with who released it, when and why;
 - evidence the gate would not act on (a stale run, a run of fewer checks, a run older than
   the one that last judged the Node) is NOT COMPARED for that node, with the gate's code and
   what to do, and makes the run incomplete (exit 2): a hand edit there is not called "no drift";
@@ -30,6 +33,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from tests.conftest import closed_port
 from tests.kube_helpers import LocalApiServer, core_api, loopback_address, running_apiserver
 from tests.unit.validate import gate_runs
 from validate import cli
@@ -150,6 +154,53 @@ def test_quarantine_and_the_pools_taint_effect_hold_in_drift(
     assert details["x1-h100"].startswith("the gate decides failed from run r1"), details
 
 
+def test_a_released_node_is_judged_as_the_gate_judges_it_after_the_release(
+        cluster: LocalApiServer, tmp_path: Path, fixtures_dir: Path) -> None:
+    """Issue 41: after `gate --release`, drift judged the node on the run that quarantined it
+    as if there had been no release ("declared quarantined, actual failed", exit 1). The gate
+    after the release keeps the node out, not quarantined, until a run admits it; drift says
+    the same (exit 0 for its labels) and shows the release on the node's line."""
+    host = "rel1-h100"
+    _register(cluster, host)
+    inv = gate_runs.write_inventory(tmp_path / "inventory", [host], prefix=P,
+                                    kubeconfig=cluster.kubeconfig)
+    reports = tmp_path / "reports"
+    run = gate_runs.write_run(fixtures_dir, inv, reports, "r1", NOW - timedelta(hours=1),
+                              faults={host: "xid-79"})
+    code, out, _ = _main("gate", "-i", str(inv), "--run", str(run))
+    assert code == ExitCode.CHECK_FAILED and f"{host}: quarantined" in out, out
+    reason = "GPU 3 reseated, ticket OPS-3"
+    code, out, err = _main("gate", "-i", str(inv), "--release", host, "--reason", reason,
+                           "--log", str(tmp_path / "gate.log"))
+    assert code == ExitCode.OK, out + err
+    code, out, err, table = _drift(inv, reports)
+    assert code == ExitCode.OK, out + err
+    assert "DRIFT" not in out
+    (note,) = table.itertuples(index=False)
+    assert (note.node, note.layer, note.item, note.status) == (host, "labels", "release",
+                                                               "note")
+    assert note.actual.startswith("released by ") and "@" in note.actual
+    assert note.detail == (f"{reason} (quarantine for gpu.xid.79 found by run r1 lifted; the "
+                           "gate judges run r1, measured before the release, as failed: out "
+                           "until a run admits it)")
+    assert f"NOTE {host} labels release: {note.actual}; {reason} (quarantine" in out
+    # The gate itself, on the same run again, agrees: failed, not quarantined again.
+    writes = _writes(cluster)
+    code, out, _ = _main("gate", "-i", str(inv), "--run", str(run))
+    assert code == ExitCode.CHECK_FAILED and f"{host}: failed" in out, out
+    assert _writes(cluster) == writes  # nothing to change on the Node
+    labels = core_api(cluster).read_node(host).metadata.labels
+    assert labels[f"{P}/validation"] == "failed"
+    # A hand edit of the released node is still drift, said with the release.
+    core_api(cluster).patch_node(host, {"metadata": {"labels": {f"{P}/validation": "passed"}}})
+    code, out, err, table = _drift(inv, reports)
+    assert code == ExitCode.CHECK_FAILED, out + err
+    assert (host, f"label {P}/validation", "failed", "passed", "drift") in _labels(table)
+    drifted = table[table["status"] == "drift"].iloc[0]
+    assert drifted["detail"].startswith("the gate decides failed from run r1 (gpu.xid.79), "
+                                        "after the release by "), drifted["detail"]
+
+
 def _copy_run(run: Path, root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     return Path(shutil.copytree(run, root / run.name))
@@ -231,11 +282,16 @@ def test_an_unavailable_api_makes_the_run_incomplete_unless_deselected(
     code, out, err, table = _drift(inv_none, reports)
     assert code == ExitCode.USAGE_OR_TOOL_ERROR, out + err
     assert "NOT COMPARED labels and taints: cannot load the kubeconfig" in out
-    # Deselected: not asked, not said, and the exit code is the other layers' alone.
-    code, out, err = _main("drift", "-i", str(inv_dead), "--out", str(reports), "--layers",
-                           "performance", "--perf-checks", "")
-    assert code == ExitCode.OK, out + err
-    assert "NOT COMPARED" not in out + err
+    # Deselected: not asked, not said, and the exit code is the other layers' alone (here the
+    # versions layer's: the node refuses the connection). A drift that compares no layer at
+    # all (--layers performance --perf-checks '') is a usage error, not the exit 0 it was.
+    inv_refusing = gate_runs.write_inventory(
+        tmp_path / "c", ["u1-h100"], prefix=P, kubeconfig=dead,
+        host_vars={"u1-h100": {"ansible_host": "127.0.0.1", "ansible_port": closed_port()}})
+    code, out, err = _main("drift", "-i", str(inv_refusing), "--out", str(reports), "--layers",
+                           "versions", "--accept-unknown-host-keys")
+    assert code == ExitCode.UNREACHABLE, out + err
+    assert "NOT COMPARED" not in out + err and "labels" not in out + err
 
 
 def test_the_newest_validation_run_of_each_node_is_judged_never_a_drift_run(

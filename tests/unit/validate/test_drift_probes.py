@@ -235,3 +235,26 @@ def test_a_package_dpkg_did_not_finish_is_drift_with_its_version_and_state(
             probes.package_findings("n1", "p", gone, installed)] == [
         ("package kubelet", "absent", "1.37.2-1.1 (half-configured)"),
         ("package kubeadm", "absent", "1.37.2-1.1")]
+
+
+def test_a_pinned_dcgm_expects_the_roles_host_engine_running(fixtures_dir: Path) -> None:
+    """Where the inventory pins DCGM, the nvidia_dcgm role's nv-hostengine is the node's one
+    host engine (the GPU Operator's exporter connects to it): a stopped one is runtime drift,
+    and says why it matters."""
+    node = _node(nvidia_dcgm_version="4.6.0")
+    assert probes.dcgm_hostengine_unit() == "nvidia-dcgm.service"
+    t = ScriptedTransport(node.name, _answers(fixtures_dir, {  # type: ignore[arg-type]
+        ("systemctl", "is-active"): _out("active\nactive\nactive\nactive\ninactive\n", rc=3)}))
+    p = probes.probe(NodeContext("r1", node, load_profile(node.profile), t, 10.0))
+    unit = "nvidia-dcgm.service"
+    asked = next(c for c in t.calls if "is-active" in c)
+    assert asked[asked.index("is-active") + 1:] == (
+        "containerd.service", "kubelet.service", "nvidia-persistenced.service",
+        "nvidia-fabricmanager.service", unit)
+    found = next(f for f in p.findings if f.item == f"service {unit}")
+    assert (found.layer.value, found.declared, found.actual) == ("runtime", "active", "inactive")
+    assert "the node's one DCGM host engine" in found.detail
+    assert "dcgm-exporter connect" in found.detail
+    # Without a DCGM pin the role is not asked to run one, and the unit is not asked about
+    # (the other tests answer four units for the same profile).
+    assert not any(f.item == f"service {unit}" for f in _probe(fixtures_dir).findings)

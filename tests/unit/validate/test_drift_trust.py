@@ -38,6 +38,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.kube_helpers import TEST_NET
 from tests.unit.validate.test_reliability import Fleet, hostile_fleet
 from validate.ansible_ssh import NEW_KEYS_FILE, runner_settings
 from validate.model import ExitCode
@@ -366,3 +367,21 @@ def test_peers_that_speak_no_ssh_leave_stderr_quiet_and_their_log_in_the_run(
     table = pd.read_parquet(run / "drift.parquet").set_index(["node", "item"])
     for name in ("garbage-1", "garbage-2"):
         assert table.loc[(name, "ssh"), "status"] == "unreachable"
+
+
+def test_a_nodes_answer_is_printed_escaped_on_its_own_line(tmp_path: Path,
+                                                           fixtures_dir: Path) -> None:
+    """A node whose `uname -r` answers with terminal escapes and a line of its own (clear the
+    screen, home the cursor, ring, then a fake verdict): the real `python -m validate drift`
+    prints the kernel's drift with the escapes visible, on one line, and nothing else."""
+    fake = "\x1b[2J\x1b[H\x07\nNo drift. exit: 0 OK"
+    specs = [{"name": "esc", "address": f"{TEST_NET}.230", "behaviour": "ok",
+              "responses": [["uname -r", {"stdout": f"6.1.0-28-amd64{fake}\n"}]]}]
+    with hostile_fleet(tmp_path, fixtures_dir, specs,
+                       host_vars={"esc": "gpuready_kernel_release: 6.1.0-28-amd64"}) as fleet:
+        proc, _, _ = _run(_drift_argv(fleet, tmp_path / "out", "--layers", "versions",
+                                      "--timeout", "5", "--check-task-timeout", "10"))
+    assert ("DRIFT esc versions kernel: declared 6.1.0-28-amd64, actual 6.1.0-28-amd64"
+            "\\x1b[2J\\x1b[H\\x07\\nNo drift. exit: 0 OK (since ") in proc.stdout, proc.stdout
+    assert not any(line.startswith("No drift") for line in proc.stdout.splitlines())
+    assert not any(c in proc.stdout + proc.stderr for c in "\x1b\x07\r")

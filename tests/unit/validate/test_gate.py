@@ -175,7 +175,7 @@ def copy_run(run: Path, to: Path) -> Path:
 # own with --limit: the API server's Nodes live as long as the module.
 BAD_RUNS = ("stale", "narrow", "cut", "nan", "inf", "empty")
 HOSTS = (*(f"{case}-{mode}-h100" for case in BAD_RUNS for mode in ("dry", "real")),
-         "c1-h100", "c2-h100", "c3-h100", "held-h100", "q-h100", "k8s-name-h100")
+         "c1-h100", "c2-h100", "c3-h100", "held-h100", "q-h100", "k8s-name-h100", "esc-h100")
 
 
 @pytest.fixture(scope="module")
@@ -380,6 +380,48 @@ def test_a_hardware_fault_keeps_the_node_out_through_a_clean_run_until_released(
     assert json.loads(notes[f"{P}/released"]) == released
 
 
+# ESC [2J clears the screen, ESC [H homes the cursor, BEL rings, ESC ] 0 ; ... BEL sets the
+# window title: with a newline, what a hostile value needs to print a fake line of its own.
+FAKE = "\x1b[2J\x1b[H\x07\ngate: patched 0, already right 9; passed 9"
+SHOWN = "\\x1b[2J\\x1b[H\\x07\\ngate: patched 0, already right 9; passed 9"
+
+
+def test_control_characters_from_the_operator_or_the_node_are_shown_not_obeyed(
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
+    """A Node annotation someone wrote, a garbled quarantine record and a release reason carry
+    terminal escapes and a newline: the gate prints them as visible escapes on the line they
+    belong to, and stores the reason that way on the Node and in its log."""
+    host = "esc-h100"
+    register(cluster, host)
+    core_api(cluster).patch_node(host, {"metadata": {"annotations": {f"{P}/note": "ok" + FAKE}}})
+    inv, log = str(site["inventory"]), tmp_path / "gate.log"
+    code, out, err = gate("-i", inv, "--limit", host, "--run", str(site["fresh"]),
+                          "--log", str(log))
+    assert code == ExitCode.OK, (out, err)
+    assert f"  annotation {P}/note: ok{SHOWN} -> <none>" in out.splitlines(), out
+    assert [ln for ln in out.splitlines() if ln.startswith("gate: patched")] == [
+        "gate: patched 1, already right 0; passed 1, failed 0, quarantined 0, held 0, not "
+        "registered 0, errors 0; API calls: 1 list, 1 patch"]
+    record = json.dumps({"codes": ["gpu.xid.79\x1b]0;pwned\x07"], "run": "r\x1b[31m",
+                         "since": NOW.isoformat()})
+    core_api(cluster).patch_node(host, {"metadata": {"annotations": {
+        f"{P}/quarantine": record}}})
+    code, out, err = gate("-i", inv, "--release", host, "--reason", "GPU swapped" + FAKE,
+                          "--log", str(log))
+    assert code == ExitCode.OK, (out, err)
+    assert (f"{host}: released from quarantine (gpu.xid.79\\x1b]0;pwned\\x07; run "
+            "r\\x1b[31m) by ") in out, out
+    # The reason's newline was already folded to a space (one line by design); the escapes
+    # are kept, visibly, wherever it goes.
+    reason = "GPU swapped\\x1b[2J\\x1b[H\\x07 gate: patched 0, already right 9; passed 9"
+    assert out.splitlines()[0].endswith(f": {reason}")
+    released = json.loads(node_state(cluster, host)[1][f"{P}/released"])
+    assert released["reason"] == reason
+    assert json.loads(log.read_text().splitlines()[-1])["reason"] == reason
+    for text in (out, err, log.read_text()):
+        assert not any(c in text for c in "\x1b\x07\r"), repr(text)
+
+
 def test_the_failed_taint_effect_and_the_freshness_window_are_the_pools(
         cluster: LocalApiServer, site: dict[str, Path], fixtures_dir: Path, tmp_path: Path) -> None:
     register(cluster, "fx-h100")
@@ -462,7 +504,9 @@ def test_an_unreachable_or_refusing_api_exits_2_and_changes_nothing(
     refused.write_text(text.replace(cluster.token, "x" * 48))
     run = copy_run(site["fresh"], tmp_path / "reports")
     for config, words in ((unreachable, "cannot reach the Kubernetes API"),
-                          (refused, "refused the gate (401)")):
+                          (refused, "GET /api/v1/nodes: the API server at "
+                                    f"{cluster.url} did not accept the kubeconfig's "
+                                    "credentials (401 Unauthorized")):
         inv = gate_runs.write_inventory(tmp_path / config.stem, ["u1-h100"], prefix=P,
                                         kubeconfig=config)
         code, out, err = gate("-i", str(inv), "--run", str(run))
@@ -524,3 +568,20 @@ def test_a_renamed_node_is_found_and_a_bad_declaration_stops_before_any_patch(
     assert "renamed-node: passed; patched in 1 attempt(s)" in out
     node = core_api(cluster).read_node("renamed-node")
     assert node.metadata.labels[f"{P}/validation"] == "passed"
+
+
+def test_a_node_name_that_is_no_kubernetes_name_is_refused_before_the_api(
+        cluster: LocalApiServer, site: dict[str, Path], tmp_path: Path) -> None:
+    """node_join_node_name '../nodes/x' would go into /api/v1/nodes/<name>: refused as the
+    inventory is read, naming the variable and where it was set; the API is not asked."""
+    bad = gate_runs.write_inventory(tmp_path / "bad", ["c1-h100"], prefix=P,
+                                    kubeconfig=cluster.kubeconfig,
+                                    host_vars={"c1-h100": {"node_join_node_name": "../nodes/x"}})
+    asked = len(cluster.audit())
+    for argv in (("--run", str(site["fresh"])), ("--release", "c1-h100", "--reason", "fixed")):
+        code, out, err = gate("-i", str(bad), *argv)
+        assert (code, out) == (ExitCode.USAGE_OR_TOOL_ERROR, ""), err
+        assert ("node_join_node_name (set on host c1-h100) is '../nodes/x', not a Kubernetes "
+                "Node name (an RFC 1123 subdomain") in err, err
+        assert "nothing was changed" in err
+    assert len(cluster.audit()) == asked

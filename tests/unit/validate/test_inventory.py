@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 
+from validate import cli
 from validate.desired import Pins
 from validate.inventory import InventoryError, load, profile_for
+from validate.model import ExitCode
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:
@@ -342,3 +345,62 @@ def test_the_package_pins_reach_the_desired_state_and_a_yaml_number_is_refused(
         kubelet_packages=("kubelet", "kubeadm"))
     assert nodes["l1"].desired.pins == Pins()
     _refused_as_a_number(tmp_path / "bad", "kubelet_version", "1.37")
+
+
+@pytest.mark.parametrize("rel, text, line, key", [
+    # a host listed twice in one group: Ansible kept the second and warned
+    ("hosts.yml", HOSTS.replace("            gpu-l40s-01:\n",
+                                "            gpu-l40s-01: {ansible_host: 127.0.1.9}\n"
+                                "            gpu-l40s-01:\n"), 19, "gpu-l40s-01"),
+    # two teams of one name in a group_vars directory's file
+    ("group_vars/all/cluster.yml", "gpuready_cluster_teams:\n  research: {gpus: {a: 1}}\n"
+     "  platform: {gpus: {a: 1}}\n  research: {gpus: {a: 2}}\n", 4, "research"),
+    # a host_vars file without an extension (Ansible reads it as YAML too)
+    ("host_vars/gpu-h100-01", "ansible_user: a\nansible_user: b\n", 2, "ansible_user"),
+])
+def test_a_duplicate_mapping_key_is_an_error_naming_the_file_and_line(
+        inv: Path, rel: str, text: str, line: int, key: str) -> None:
+    """ansible.cfg's duplicate_dict_key = error, applied by the loader wherever it runs (not
+    only from the checkout, where ansible.cfg is read)."""
+    (inv / rel).parent.mkdir(parents=True, exist_ok=True)
+    (inv / rel).write_text(text)
+    with pytest.raises(InventoryError) as caught:
+        load(inv)
+    assert str(caught.value) == (f"inventory {inv / rel}:{line}: YAML parsing failed: Found "
+                                 f"duplicate mapping key {key!r}.")
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["run", "-i", str(inv), "--out", str(inv.parent / "reports")], out,
+                    err) == ExitCode.USAGE_OR_TOOL_ERROR
+    assert err.getvalue() == f"error: {caught.value}\n"
+    assert not (inv.parent / "reports").exists()
+
+
+def test_ansible_itself_refuses_a_duplicate_key_with_the_projects_ansible_cfg(
+        inv: Path) -> None:
+    """ansible-core (2.19) honours duplicate_dict_key: a group_vars file with a duplicate key
+    is fatal; a hosts.yml with one is not read at all (Ansible warns that it cannot parse it
+    and goes on without its hosts: its unparsed_is_failed setting would also fail every run on
+    the implicit localhost, so it is not set; the validators refuse such a file outright)."""
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from tests.conftest import REPO_ROOT  # noqa: PLC0415
+
+    def listing() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inv), "--list"],
+            capture_output=True, text=True, check=False, timeout=120,
+            env={**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg")})
+
+    assert listing().returncode == 0
+    hosts = (inv / "hosts.yml").read_text()
+    (inv / "hosts.yml").write_text(hosts.replace("        mgmt-01: {}\n",
+                                                 "        mgmt-01: {}\n        mgmt-01: {}\n"))
+    proc = listing()
+    assert "Found duplicate mapping key 'mgmt-01'" in proc.stderr
+    assert "Unable to parse" in proc.stderr and "gpu-h100-01" not in proc.stdout
+    (inv / "hosts.yml").write_text(hosts)
+    (inv / "group_vars" / "other.yml").write_text("gpu_profile: a\ngpu_profile: b\n")
+    proc = listing()
+    assert proc.returncode != 0 and "Found duplicate mapping key 'gpu_profile'" in proc.stderr

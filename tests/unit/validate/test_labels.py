@@ -356,7 +356,9 @@ def test_a_hardware_fault_quarantines_until_an_operator_releases_the_node() -> N
         "resourceVersion": "6",
         "labels": {f"{P}/validation": "failed"},
         "annotations": {f"{P}/quarantine": None,
-                        f"{P}/released": json.dumps(record, sort_keys=True)}}}
+                        f"{P}/released": json.dumps(record, sort_keys=True),
+                        # out, no longer quarantined: what the gate writes after the release
+                        f"{P}/failed-checks": "gpu.count.missing,gpu.xid.79"}}}
     assert record == {"by": "alice@ops1", "at": "2026-12-03T01:00:00+00:00",
                       "reason": "GPU 7 reseated, ticket OPS-1",
                       "codes": ["gpu.count.missing", "gpu.xid.79"], "run": RUN, "since": AT}
@@ -369,6 +371,51 @@ def test_a_hardware_fault_quarantines_until_an_operator_releases_the_node() -> N
     assert admitted.annotations[f"{P}/released"] == json.dumps(record, sort_keys=True)
     with pytest.raises(NotQuarantined, match="gpu-h100-01 is not quarantined"):
         release_patch(carrying(admitted), P, by="x", at="t", reason="r")
+
+
+def _apply(node: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch of labels and annotations, as the API server applies it."""
+    out = json.loads(json.dumps(node))
+    for part in ("labels", "annotations"):
+        for key, value in (patch["metadata"].get(part) or {}).items():
+            if value is None:
+                out["metadata"][part].pop(key, None)
+            else:
+                out["metadata"][part][key] = value
+    return out
+
+
+def test_a_release_covers_the_run_it_was_given_for_not_a_later_one() -> None:
+    """Gated again on the run that quarantined it, a released node fails with its codes but
+    is not quarantined again, and the decision is what the release left on the Node (nothing
+    to change: drift finds nothing). A run measured after the release that finds a hardware
+    fault quarantines it again."""
+    fault = results(Status.FAIL, ("gpu.xid.79",))
+    quarantined = carrying(decide(H100, evidence(fault), JOINED, POLICY))
+    at = "2026-12-02T12:00:00+00:00"
+    patch, record = release_patch(quarantined, P, by="alice@ops1", at=at,
+                                  reason="GPU 3 reseated, ticket OPS-2")
+    released = _apply(quarantined, patch)
+    again = decide(H100, evidence(fault), released, POLICY)
+    assert (again.verdict, again.taint) == ("failed", ("failed", "NoSchedule"))
+    assert again.codes == ("gpu.xid.79",) and f"{P}/quarantine" not in again.annotations
+    assert again.released is not None and again.released.by == "alice@ops1"
+    assert str(again.released) == (
+        "released by alice@ops1 at 2026-12-02T12:00:00+00:00: GPU 3 reseated, ticket OPS-2 "
+        f"(lifted the quarantine for gpu.xid.79 found by run {RUN})")
+    assert any("measured before the release: released by alice@ops1" in r
+               for r in again.reasons)
+    assert plan_node(released, again, P).changes == ()
+    # A later run (after the release) with the fault again: quarantined again.
+    later = results(Status.FAIL, ("gpu.xid.79",), run_id="20261202T130000Z")
+    relapse = decide(H100, evidence(later, "2026-12-02T13:00:00+00:00"), released, POLICY)
+    assert relapse.verdict == "quarantined" and relapse.released is None
+    assert json.loads(relapse.annotations[f"{P}/quarantine"])["run"] == "20261202T130000Z"
+    assert relapse.annotations[f"{P}/released"] == json.dumps(record, sort_keys=True)
+    # A later clean run admits it; the release is history, not part of the decision.
+    clean = results(run_id="20261202T130000Z")
+    admitted = decide(H100, evidence(clean, "2026-12-02T13:00:00+00:00"), released, POLICY)
+    assert (admitted.verdict, admitted.released) == ("passed", None)
 
 
 def test_other_failures_clear_on_the_next_pass() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from validate import cli
 from validate.model import CheckResult, ExitCode, Status
 from validate.report import finish_run, write_report
 from validate.results import ResultsError, load_results, start_run
@@ -166,3 +167,38 @@ def test_a_results_file_missing_a_column_or_with_a_bad_status_is_named(
             r"status 'bogus' is not a status \(one of skip, pass, warn, fail, error\); 1 more "
             "rows like it$")):
         load_results(run)
+
+
+def test_report_names_the_file_and_row_of_a_value_it_cannot_render(
+        rows: list[CheckResult], tmp_path: Path) -> None:
+    """Infinity (JSON has none) in a results file rendered again: exit 2 naming the file, the
+    row, the node, the check and the column, and the run's files left as they were."""
+    run = write_report(rows, tmp_path, "r1").run_dir
+    parquet, csv = run / "results.parquet", run / "results.csv"
+    table = pd.read_parquet(parquet)
+    table.loc[3, "warn"] = float("-inf")
+    table.to_parquet(parquet)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+
+    def report() -> tuple[int, str]:
+        import io  # noqa: PLC0415
+
+        out, err = io.StringIO(), io.StringIO()
+        return cli.main(["report", str(run)], out, err), err.getvalue()
+
+    code, err = report()
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    assert (f"{parquet}: row 4 (node {table.loc[3, 'node']}, check {table.loc[3, 'check']}): "
+            "warn is -inf, not a finite number") in err
+    assert "JSON compliant" not in err and "internal error" not in err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    parquet.unlink()
+    text = csv.read_text().splitlines()
+    text[2] = text[2].replace(',"gpu_count",8,', ',"gpu_count",inf,', 1)
+    assert ",inf," in text[2]
+    csv.write_text("\n".join(text) + "\n")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    code, err = report()
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    assert f"{csv}: line 3 (node n1, check gpu.count): value is inf, not a finite" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before

@@ -31,7 +31,7 @@ from validate.model import ExitCode
 from validate.parsers import dpkg_query
 
 P = "gpu.example.com.node-restriction.kubernetes.io"
-NODES = ("u1", "u2", "u3", "u4")
+NODES = ("u1", "u2", "u3", "u4", "u5")
 NS = "train"
 CONTROLLERS = ("disruption", "serviceaccount", "serviceaccount-token")
 
@@ -66,14 +66,24 @@ def _wait(ok: Any, what: str, timeout: float = 30) -> None:
         time.sleep(0.2)
 
 
-def ready_pod(api: Any, name: str, node: str, app: str, **meta: Any) -> None:
-    api.create_namespaced_pod(NS, {
-        "metadata": {"name": name, "labels": {"app": app}, **meta},
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
-                 "containers": [{"name": "c", "image": "gpuready.lab/sleep:1"}]}})
+def ready_pod(api: Any, name: str, node: str, app: str, *, bare: bool = False,
+              volumes: list[dict[str, Any]] | None = None, phase: str = "Running",
+              **meta: Any) -> None:
+    """A pod on ``node``, Running and Ready as its kubelet would report it; owned by a
+    ReplicaSet (as a Deployment's pods are) unless ``bare`` or ``meta`` names its owners."""
+    if not bare:
+        meta.setdefault("ownerReferences", [{
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{app}-rs",
+            "uid": f"rs-{app}", "controller": True}])
+    spec: dict[str, Any] = {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                            "containers": [{"name": "c", "image": "gpuready.lab/sleep:1"}]}
+    if volumes:
+        spec["volumes"] = volumes
+    api.create_namespaced_pod(NS, {"metadata": {"name": name, "labels": {"app": app}, **meta},
+                                   "spec": spec})
     now = "2026-12-06T00:00:00Z"
     api.patch_namespaced_pod_status(name, NS, {"status": {
-        "phase": "Running",
+        "phase": phase,
         "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
                        {"type": "ContainersReady", "status": "True",
                         "lastTransitionTime": now}]}})
@@ -118,7 +128,7 @@ def our_taints(n: Any) -> list[tuple[str, str]]:
 def test_the_pdb_lets_one_node_drain_and_holds_the_next(cluster: LocalApiServer,
                                                         inventory: Path) -> None:
     api = core_api(cluster)
-    for i, n in enumerate(NODES):
+    for i, n in enumerate(NODES[:4]):  # u5 is the guards' test's
         ready_pod(api, f"web-{i}", n, "web")
     ready_pod(api, "agent-u1", "u1", "agent", ownerReferences=[{
         "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "d1",
@@ -185,6 +195,66 @@ def test_force_delete_only_when_asked(cluster: LocalApiServer, inventory: Path) 
     assert "db-0" not in {p.metadata.name for p in api.list_namespaced_pod(NS).items}
     detail = node(api, "u3").metadata.annotations[f"{P}/upgrade-detail"]
     assert "deleted by force" in detail and f"{NS}/db-0" in detail
+
+
+def test_drain_refuses_bare_and_emptydir_pods_as_kubectl_does(cluster: LocalApiServer,
+                                                             inventory: Path) -> None:
+    """kubectl drain's guards: a bare pod needs --force, a pod with emptyDir data needs
+    --delete-emptydir-data (the inventory's variables); a refusal names every pod and changes
+    nothing on the Node. DaemonSet pods are left as before, finished pods pass."""
+    api = core_api(cluster)
+    scratch = [{"name": "scratch", "emptyDir": {}}]
+    ready_pod(api, "solo", "u5", "solo", bare=True)
+    ready_pod(api, "cache-0", "u5", "cache", volumes=scratch)
+    ready_pod(api, "plain-0", "u5", "plain")
+    ready_pod(api, "done-0", "u5", "done", bare=True, volumes=scratch, phase="Succeeded")
+    ready_pod(api, "agent-u5", "u5", "agent", volumes=scratch, ownerReferences=[{
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "d1",
+        "controller": True}])
+    solo = (f"{NS}/solo: a bare pod (no controller recreates it); "
+            "gpuready_upgrade_drain_force: true evicts it (kubectl drain --force)")
+    cache = (f"{NS}/cache-0: emptyDir data (scratch) is lost with it; "
+             "gpuready_upgrade_drain_delete_emptydir_data: true evicts it "
+             "(kubectl drain --delete-emptydir-data)")
+    before = node(api, "u5").metadata.resource_version
+    for extra in ((), ("--dry-run",)):
+        rc, out, err = upgrade_cli(inventory, "drain", "--node", "u5", "--timeout", "5",
+                                   *extra)
+        assert rc == ExitCode.CHECK_FAILED, (out, err)
+        assert out.splitlines() == [  # in the API server's order (by name)
+            f"drain u5{' (dry run)' if extra else ''}: refused, as kubectl drain refuses; "
+            "nothing changed on Node u5:", f"  {cache}", f"  {solo}"]
+    # Nothing changed: not cordoned, no taint, no upgrade state; every pod still there.
+    u5 = node(api, "u5")
+    assert u5.metadata.resource_version == before
+    assert not u5.spec.unschedulable and our_taints(u5) == []
+    assert f"{P}/upgrade-state" not in (u5.metadata.annotations or {})
+    on_u5 = {"solo", "cache-0", "plain-0", "done-0", "agent-u5"}
+    assert on_u5 <= {p.metadata.name for p in api.list_namespaced_pod(NS).items}
+    # One of the two allowed: the other pod is still refused, and only it is named.
+    rc, out, _ = upgrade_cli(inventory, "drain", "--node", "u5", "--force")
+    assert rc == ExitCode.CHECK_FAILED
+    assert solo not in out and cache in out
+    assert node(api, "u5").metadata.resource_version == before
+    # The plan says the same before any drain.
+    pods = [upgrade.pod_on_node(api.api_client.sanitize_for_serialization(p))
+            for p in api.list_namespaced_pod(NS, field_selector="spec.nodeName=u5").items]
+    needs = {p.ref: upgrade.guard_vars(p) for p in pods}
+    assert needs == {f"{NS}/solo": ["gpuready_upgrade_drain_force"],
+                     f"{NS}/cache-0": ["gpuready_upgrade_drain_delete_emptydir_data"],
+                     f"{NS}/plain-0": [], f"{NS}/done-0": [], f"{NS}/agent-u5": []}
+    # Both allowed: the drain goes ahead and says which pods went by which variable.
+    rc, out, err = upgrade_cli(inventory, "drain", "--node", "u5", "--timeout", "20",
+                               "--force", "--delete-emptydir-data")
+    assert rc == ExitCode.OK, (out, err)
+    assert (f"  evicted {NS}/solo (bare pod: nothing recreates it; "
+            "gpuready_upgrade_drain_force)") in out.splitlines()
+    assert (f"  evicted {NS}/cache-0 (emptyDir data: scratch; "
+            "gpuready_upgrade_drain_delete_emptydir_data)") in out.splitlines()
+    assert f"  evicted {NS}/plain-0" in out.splitlines()
+    left = {p.metadata.name for p in api.list_namespaced_pod(NS).items} & on_u5
+    assert left == {"agent-u5"}  # the DaemonSet's pod stays; the finished pod was evicted
+    assert node(api, "u5").metadata.annotations[f"{P}/upgrade-state"] == "drained"
 
 
 def test_finish_uncordons_only_what_the_gate_admitted(cluster: LocalApiServer,

@@ -100,6 +100,43 @@ def test_json_dcgm4_entity_ids_and_error_ids() -> None:
     assert code == "dcgm.diag.row_remap_pending"  # the error id wins over the test name
 
 
+def _gpu(entity: int, status: str, **extra: object) -> dict[str, object]:
+    return {"entity_group": "GPU", "entity_group_id": 1, "entity_id": entity, "status": status,
+            **extra}
+
+
+def test_json_dcgm4_as_nvidias_schema_has_it(fixtures_dir: Path) -> None:
+    """No licensed real DCGM 4 capture exists here: the documents are held to NVIDIA's JSON
+    Schema of DCGM 4's output (the one NVIDIA's tests validate real output against) before the
+    parser reads them. A summary failure no result shows (an error about no entity) is one
+    failure of all GPUs; a CPU's result is about no GPU; entity_groups counts the GPUs."""
+    import jsonschema  # noqa: PLC0415  (a test dependency: ansible-lint's)
+
+    schema = jsonschema.Draft7Validator(json.loads(
+        (fixtures_dir / "dcgmi" / "schema-diag-json-dcgm4.6.0.json").read_text()))
+    warning = {"warning": "NVLink bandwidth below the threshold for the node", "error_id": 99,
+               "error_category": 2, "error_severity": 2}
+    doc = {"DCGM Diagnostic": {"test_categories": [
+        {"category": "Integration", "tests": [
+            {"name": "pcie", "results": [_gpu(0, "Pass"), _gpu(1, "Pass")],
+             "test_summary": {"status": "Fail", "warnings": [warning]}}]},
+        {"category": "Hardware", "tests": [
+            {"name": "memory", "results": [
+                _gpu(0, "Pass"),
+                {"entity_group": "CPU", "entity_group_id": 7, "entity_id": 0, "status": "Pass"}],
+             "test_summary": {"status": "Pass"}}]}]},
+        "entity_groups": [{"entity_group": "GPU", "entity_group_id": 1, "entities": [
+            {"entity_id": g, "device_id": "2330"} for g in range(4)]}],
+        "metadata": {"version": "4.6.0", "Driver Version Detected": "580.82.07"}}
+    schema.validate(doc)
+    report = dcgmi_diag.parse(json.dumps(doc, indent="\t"))
+    assert (report.version, report.driver, report.gpu_count) == ("4.6.0", "580.82.07", 4)
+    [(entry, code)] = dcgmi_diag.failures(report)
+    assert (entry.test, entry.gpu, entry.error_ids) == ("pcie", None, (99,))
+    assert code == "dcgm.diag.nvlink"  # error id 99 (dcgm_errors.h), not the test's name
+    assert [e.gpu for e in report.entries if e.test == "memory"] == [0, None]
+
+
 @pytest.mark.parametrize(("test", "message", "code"), [
     ("pcie", "GPU 2 PCIe replay count violation", "dcgm.diag.pcie"),
     ("memory", "GPU 0 Memory error detected", "dcgm.diag.memory"),
