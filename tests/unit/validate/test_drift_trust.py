@@ -159,11 +159,23 @@ def test_a_silent_node_is_given_up_within_its_deadline_and_the_others_are_intact
 
     def rows(run: Path) -> set[tuple[str, ...]]:
         t = pd.read_parquet(run / "drift.parquet")
-        t = t[t["node"] == "answers"]
+        t = t[(t["node"] == "answers") & (t["layer"] != "configuration")]
         return set(zip(t["layer"], t["item"], t["status"], t["actual"], t["detail"],
                        strict=True))
 
+    def configuration(run: Path) -> list[str]:
+        t = pd.read_parquet(run / "drift.parquet")
+        return list(t[(t["node"] == "answers") & (t["layer"] == "configuration")]["status"])
+
     assert rows(both_run) == rows(alone_run) and rows(alone_run)
+    # The answering peer has no Python: Ansible's check mode pipes its module into an `sh`
+    # that has already answered "command not found", and which of the two Ansible reports
+    # (the module failed, or a broken pipe while sending it) is a race inside Ansible that
+    # load decides (CI saw both). What must hold: the node keeps its one configuration row,
+    # an error either way, with or without a silent neighbour.
+    for run in (alone_run, both_run):
+        assert len(configuration(run)) == 1 and configuration(run)[0] in (
+            "error", "unreachable"), configuration(run)
 
 
 def _descendants(pid: int) -> set[int]:
