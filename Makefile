@@ -10,9 +10,10 @@ PY := $(VENV)/bin/python
 # Debian packages the lab needs on this machine (the lab hosts install their own).
 # debian-archive-keyring: debootstrap verifies bookworm and trixie against it. Open MPI and
 # mpi4py run the multi-node all_reduce_perf simulator in its unit tests. gcc and libc6-dev: the
-# kubelet is linked with cgo, as upstream links it (lab/kube/build.py).
+# kubelet is linked with cgo, as upstream links it (lab/kube/build.py); runc with cgo and
+# libseccomp (pkg-config finds it), as its release is (lab/runtime/build.py).
 LAB_DEBS := debootstrap debian-archive-keyring systemd-container dpkg-dev gnupg openssh-client \
-	util-linux iproute2 openmpi-bin python3-mpi4py gcc libc6-dev
+	util-linux iproute2 openmpi-bin python3-mpi4py gcc libc6-dev libseccomp-dev pkg-config
 # The report page's browser test (tests/unit/validate/test_report_browser.py) drives Debian's Chromium
 # through Playwright; Playwright's own browser download is never used.
 BROWSER_DEBS := chromium
@@ -31,11 +32,14 @@ LAB_INOTIFY_INSTANCES := 1024
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(STAMP_PY) $(STAMP_DEBS) ## .venv, pinned Python deps, the lab's Debian packages, Kubernetes built from source
-	@# The pinned Kubernetes release and its etcd, built from the Go module proxy once per
-	@# machine into ~/.cache/gpuready/kube (lab/kube/build.py): 12-15 minutes on 2 cores the
-	@# first time, nothing after that until lab/kube/go.mod or go.sum changes.
+setup: $(STAMP_PY) $(STAMP_DEBS) ## .venv, pinned Python deps, the lab's Debian packages, Kubernetes, containerd and runc built from source
+	@# The pinned Kubernetes release and its etcd, and the previous patch release's kubelet,
+	@# kubeadm and kubectl, built from the Go module proxy once per machine into
+	@# ~/.cache/gpuready/kube (lab/kube/build.py): 20-25 minutes on 2 cores the first time,
+	@# nothing after that until a go.mod or go.sum changes. containerd 2 (two releases) and runc
+	@# likewise into ~/.cache/gpuready/runtime (lab/runtime/build.py): 5-10 minutes the first time.
 	$(PY) -m lab.kube.build
+	$(PY) -m lab.runtime.build --quiet
 	@# Each booted lab host holds 8 inotify instances (lab/limits.py) and the largest test fleet
 	@# has 16: with the common default of 128 those alone would use all of them. Raised for this
 	@# boot only (not persisted); where it cannot be raised, `lab up` names the limit and refuses.
@@ -91,6 +95,7 @@ unit: $(STAMP_PY) ## unit tests (no root, no lab; the report page test needs chr
 	@# The gate's and drift's tests run the built etcd and kube-apiserver (lab/kube/local.py):
 	@# built here if this machine has not built them yet (make setup does), else at once.
 	$(PY) -m lab.kube.build
+	$(PY) -m lab.runtime.build --quiet
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
 lab-test: setup ## lab tests: boot hosts, converge, validate, inject faults (root)

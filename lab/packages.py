@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -65,6 +66,7 @@ class Package:
     # Not a simulator: real software the lab built (its description says so instead).
     built: str = ""
     compression: str = "gzip"
+    prerm: str | None = None
 
     @property
     def upstream(self) -> str:
@@ -235,11 +237,19 @@ NCCL_TESTS = ("2.13.10", "2.17.1")
 
 @dataclass(frozen=True)
 class Repository:
-    """One served flat repository: its directory and where its signing key is published."""
+    """One served repository: its directory, where its signing key is published, and for a
+    repository that is not flat (Docker's) the suite and component it serves."""
 
     path: str  # relative to the lab repository root
     key_path: str  # the vendor's key file name, relative to the lab repository root
     label: str
+    suite: str = ""  # "" for a flat repository
+    component: str = ""
+
+    @property
+    def id(self) -> str:
+        """What a Package's ``repo`` names: the path, and for a suite its dists directory."""
+        return f"{self.path}/dists/{self.suite}" if self.suite else self.path
 
 
 @functools.cache
@@ -261,6 +271,13 @@ def toolkit_path() -> str:
     return f"{TOOLKIT_ROOT}/{facts()['repositories']['nvidia-container-toolkit']['directory']}"
 
 
+def docker_repository(os_key: str) -> Repository:
+    docker = facts()["repositories"]["docker"]
+    return Repository(docker["directory"], f"{docker['directory']}/{docker['key']['file']}",
+                      f"Docker ({docker['os'][os_key]['suite']})",
+                      suite=docker["os"][os_key]["suite"], component=docker["component"])
+
+
 def kubernetes_path(minor: str = KUBERNETES_MINOR) -> str:
     directory: str = facts()["repositories"]["kubernetes"]["directory"]
     return directory.replace("{minor}", minor)
@@ -277,6 +294,7 @@ def repositories() -> tuple[Repository, ...]:
                    f"Kubernetes v{KUBERNETES_MINOR}"),
         Repository(EXTRAS, f"{EXTRAS}/keyring.asc", "site repository (nccl-tests, MLNX ibstat)"),
     ]
+    repos += [docker_repository(os_key) for os_key in LAB_OSES]
     return tuple(repos)
 
 
@@ -451,12 +469,35 @@ def _kubernetes_packages() -> tuple[Package, ...]:
     minor = facts()["repositories"]["kubernetes"]["minors"][KUBERNETES_MINOR]
     repo = kubernetes_path()
     companions = {c["name"]: c["version"] for c in minor["companions"]}
-    built = build.read_go_mod().kubernetes_version.lstrip("v")
     releases = [r["upstream"] for r in minor["releases"]]
-    if built not in releases:
-        raise ValueError(f"lab/kube/go.mod builds Kubernetes {built}, which the facts do not "
-                         f"list for v{KUBERNETES_MINOR} ({', '.join(releases)})")
-    bin_dir = build.ensure_built()
+    pkgs: list[Package] = []
+    # The repository of a minor carries each of its patch releases: the current one and the
+    # previous one (the release lab nodes start on before a roll of the pin).
+    for module_dir, bin_dir in ((build.PREVIOUS_DIR, build.ensure_previous_built()),
+                                (build.MODULE_DIR, build.ensure_built())):
+        built = build.read_go_mod(module_dir).kubernetes_version.lstrip("v")
+        if built not in releases:
+            raise ValueError(f"{module_dir}/go.mod builds Kubernetes {built}, which the facts "
+                             f"do not list for v{KUBERNETES_MINOR} ({', '.join(releases)})")
+        pkgs += _kubernetes_release(repo, minor, built, bin_dir)
+    return (
+        *pkgs,
+        Package(repo, "cri-tools", companions["cri-tools"],
+                "Command-line utility for interacting with a container runtime",
+                files=(_doc("cri-tools", "crictl is not included"),)),
+        Package(repo, "kubernetes-cni", companions["kubernetes-cni"],
+                "Binaries required to provision kubernetes container networking",
+                # The lab's relation: Debian's plugins, linked where this package puts its own.
+                depends=("containernetworking-plugins",), section="net",
+                built=(" Made by the gpuready lab: Debian's containernetworking-plugins linked\n"
+                       " where the real package installs the CNI plugins (/opt/cni/bin).\n"),
+                files=tuple(File(f"/opt/cni/bin/{plugin}", "", link=f"/usr/lib/cni/{plugin}")
+                            for plugin in CNI_PLUGINS)))
+
+
+def _kubernetes_release(repo: str, minor: dict[str, Any], built: str,
+                        bin_dir: Path) -> list[Package]:
+    """kubelet, kubeadm and kubectl of one release, from its built binaries."""
     relations = minor.get("relations", [])
     version = _render(minor["package_version"], upstream=built)
 
@@ -470,7 +511,7 @@ def _kubernetes_packages() -> tuple[Package, ...]:
     dropin = (KUBE_PACKAGING / "10-kubeadm.conf").read_text().replace(
         "/etc/sysconfig/kubelet", "/etc/default/kubelet")
     common: dict[str, Any] = {"built": BUILT_NOTE, "compression": "none"}
-    pkgs = [
+    return [
         Package(repo, "kubelet", version, "Node agent for Kubernetes clusters",
                 depends=rel("kubelet"), section="net",
                 files=(binary("kubelet"),
@@ -488,19 +529,7 @@ def _kubernetes_packages() -> tuple[Package, ...]:
         Package(repo, "kubectl", version, "Command-line utility for interacting with a "
                 "Kubernetes cluster", depends=rel("kubectl"), section="admin",
                 files=(binary("kubectl"),), **common),
-        Package(repo, "cri-tools", companions["cri-tools"],
-                "Command-line utility for interacting with a container runtime",
-                files=(_doc("cri-tools", "crictl is not included"),)),
-        Package(repo, "kubernetes-cni", companions["kubernetes-cni"],
-                "Binaries required to provision kubernetes container networking",
-                # The lab's relation: Debian's plugins, linked where this package puts its own.
-                depends=("containernetworking-plugins",), section="net",
-                built=(" Made by the gpuready lab: Debian's containernetworking-plugins linked\n"
-                       " where the real package installs the CNI plugins (/opt/cni/bin).\n"),
-                files=tuple(File(f"/opt/cni/bin/{plugin}", "", link=f"/usr/lib/cni/{plugin}")
-                            for plugin in CNI_PLUGINS)),
     ]
-    return tuple(pkgs)
 
 
 def _site_packages() -> list[Package]:
@@ -522,8 +551,72 @@ def _site_packages() -> list[Package]:
     return pkgs
 
 
+RUNTIME_NOTE = (
+    " containerd and runc built from their sources by the gpuready lab (lab/runtime/build.py),\n"
+    " packaged as Docker's containerd.io packages them; not signed or published by Docker.\n"
+)
+# What dh_systemd_enable and `dh_systemd_start --restart-after-upgrade` (with Docker's sed of
+# try-restart to restart) put in containerd.io's maintainer scripts: enabled, and (re)started on
+# every configure, an upgrade included; stopped only when removed.
+CONTAINERD_POSTINST = """#!/bin/sh
+set -e
+if [ -d /run/systemd/system ]; then
+  systemctl daemon-reload
+  systemctl enable containerd.service >/dev/null 2>&1 || true
+  systemctl restart containerd.service
+fi
+"""
+CONTAINERD_PRERM = """#!/bin/sh
+set -e
+if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
+  systemctl stop containerd.service || true
+fi
+"""
+
+
+@functools.cache
+def _containerd_packages() -> tuple[Package, ...]:
+    """Docker's containerd.io per OS (tests/fixtures/vendor-repos/facts.yml repositories.docker):
+    containerd, its runc shim and ctr, and runc, built from source (lab/runtime/build.py); the
+    upstream unit with the binary in /usr/bin and the config.toml Docker ships, as its
+    packaging installs them."""
+    from lab.runtime import build  # noqa: PLC0415 (the build is waited for only here)
+
+    docker = facts()["repositories"]["docker"]
+    package = docker["packages"]["containerd.io"]
+    relations = {r["field"]: tuple(x.strip() for x in r["value"].split(","))
+                 for r in package["relations"]}
+    *containerd_bins, runc_bin = build.ensure_built()
+    config = (FACTS_FILE.parent / "excerpts" /
+              "docker-containerd-packaging-common-containerd.toml").read_text()
+    pkgs = []
+    for release, containerd_bin in zip(build.RELEASES, containerd_bins, strict=True):
+        unit = build.module_file(release, "containerd.service").replace(
+            "/usr/local/bin/containerd", "/usr/bin/containerd")
+        files = (*(File(f"/usr/bin/{b.name}", "", 0o755, source=str(containerd_bin / b.name))
+                   for b in build.CONTAINERD_BINARIES),
+                 File("/usr/bin/runc", "", 0o755, source=str(runc_bin / "runc")),
+                 File("/lib/systemd/system/containerd.service", unit),
+                 File("/etc/containerd/config.toml", config))
+        upstream = release.release().removeprefix("v")
+        pkgs += [
+            Package(docker_repository(os_key).id, "containerd.io",
+                    _render(docker["os"][os_key]["version"], upstream=upstream),
+                    "An open and reliable container runtime", section="devel",
+                    # dpkg-shlibdeps's answer for runc (libseccomp) and the binaries (libc), by
+                    # hand.
+                    depends=("libc6 (>= 2.34)", "libseccomp2 (>= 2.5.0)"),
+                    conflicts=relations["Conflicts"], provides=relations["Provides"],
+                    files=files, conffiles=("/etc/containerd/config.toml",),
+                    postinst=CONTAINERD_POSTINST, prerm=CONTAINERD_PRERM, built=RUNTIME_NOTE,
+                    compression="xz")
+            for os_key in LAB_OSES]
+    return tuple(pkgs)
+
+
 def all_packages() -> list[Package]:
     pkgs: list[Package] = []
     for os_key in LAB_OSES:
         pkgs += _cuda_packages(os_key)
-    return pkgs + _toolkit_packages() + list(_kubernetes_packages()) + _site_packages()
+    return (pkgs + _toolkit_packages() + list(_kubernetes_packages()) + _site_packages()
+            + list(_containerd_packages()))

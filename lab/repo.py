@@ -29,7 +29,7 @@ from email.utils import formatdate
 from pathlib import Path
 
 from lab.errors import LabError
-from lab.packages import Package, all_packages, repositories
+from lab.packages import Package, Repository, all_packages, repositories
 from lab.paths import LabPaths
 
 DEFAULT_PORT = int(os.environ.get("GPUREADY_LAB_REPO_PORT", "18080"))
@@ -74,9 +74,10 @@ def _build_deb(pkg: Package, out_dir: Path) -> None:
         debian = root / "DEBIAN"
         debian.mkdir(mode=0o755)
         (debian / "control").write_text(pkg.control())
-        if pkg.postinst:
-            (debian / "postinst").write_text(pkg.postinst)
-            (debian / "postinst").chmod(0o755)
+        for script, body in (("postinst", pkg.postinst), ("prerm", pkg.prerm)):
+            if body:
+                (debian / script).write_text(body)
+                (debian / script).chmod(0o755)
         if pkg.conffiles:
             (debian / "conffiles").write_text("".join(f"{c}\n" for c in pkg.conffiles))
         for f in pkg.files:
@@ -98,11 +99,14 @@ def _build_deb(pkg: Package, out_dir: Path) -> None:
             raise LabError(f"building {pkg.name} {pkg.version}: {proc.stderr.strip()}")
 
 
-def _release(paths: LabPaths, repo_dir: Path, label: str) -> None:
-    files = ["Packages", "Packages.gz"]
+def _release(paths: LabPaths, repo_dir: Path, label: str,
+             files: tuple[str, ...] = ("Packages", "Packages.gz"),
+             fields: tuple[str, ...] = ()) -> None:
+    """Release, InRelease and Release.gpg in ``repo_dir``, over ``files`` (relative to it)."""
     lines = [
         "Origin: gpuready-lab",
         f"Label: gpuready lab simulator ({label})",
+        *fields,
         f"Date: {formatdate(usegmt=True)}",
         "Architectures: amd64 all",
         "Description: SIMULATED vendor packages for the gpuready lab",
@@ -146,22 +150,52 @@ def _ensure_repo(paths: LabPaths) -> Path:
     (paths.repo_dir / "keyring.gpg").write_bytes(keyring)
     (paths.repo_dir / "keyring.asc").write_bytes(armored)
     for repo in repositories():
-        repo_dir = paths.repo_dir / repo.path
-        repo_dir.mkdir(parents=True)
-        for pkg in all_packages():
-            if pkg.repo == repo.path:
-                _build_deb(pkg, repo_dir)
-        scan = subprocess.run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"],
-                              cwd=repo_dir, capture_output=True, check=False)
-        if scan.returncode != 0:
-            raise LabError(f"dpkg-scanpackages {repo.path}: {scan.stderr.decode().strip()}")
-        (repo_dir / "Packages").write_bytes(scan.stdout)
-        (repo_dir / "Packages.gz").write_bytes(gzip.compress(scan.stdout, mtime=0))
+        if repo.suite:
+            _dists_repository(paths, repo)
+        else:
+            repo_dir = paths.repo_dir / repo.path
+            repo_dir.mkdir(parents=True)
+            for pkg in all_packages():
+                if pkg.repo == repo.id:
+                    _build_deb(pkg, repo_dir)
+            scan = _scan(repo_dir, ".", repo.path)
+            (repo_dir / "Packages").write_bytes(scan)
+            (repo_dir / "Packages.gz").write_bytes(gzip.compress(scan, mtime=0))
+            _release(paths, repo_dir, repo.label)
         # The vendor's key file name, holding the lab's key (the roles pin its fingerprint).
         (paths.repo_dir / repo.key_path).write_bytes(armored)
-        _release(paths, repo_dir, repo.label)
     stamp.write_text(recipe)
     return paths.repo_dir
+
+
+def _scan(root: Path, directory: str, what: str) -> bytes:
+    scan = subprocess.run(["dpkg-scanpackages", "--multiversion", directory, "/dev/null"],
+                          cwd=root, capture_output=True, check=False)
+    if scan.returncode != 0:
+        raise LabError(f"dpkg-scanpackages {what}: {scan.stderr.decode().strip()}")
+    return scan.stdout
+
+
+def _dists_repository(paths: LabPaths, repo: Repository) -> None:
+    """A repository laid out as Docker's (not flat): ``dists/<suite>/<component>/binary-amd64/
+    Packages`` and its ``Release``, the packages in ``dists/<suite>/pool/<component>/amd64/``
+    (their ``Filename`` relative to the repository's root, as apt fetches them)."""
+    root = paths.repo_dir / repo.path
+    suite = Path("dists") / repo.suite
+    pool = suite / "pool" / repo.component / "amd64"
+    (root / pool).mkdir(parents=True, exist_ok=True)
+    for pkg in all_packages():
+        if pkg.repo == repo.id:
+            _build_deb(pkg, root / pool)
+    scan = _scan(root, str(pool), f"{repo.path} {repo.suite}")
+    index = Path(repo.component) / "binary-amd64"
+    (root / suite / index).mkdir(parents=True)
+    (root / suite / index / "Packages").write_bytes(scan)
+    (root / suite / index / "Packages.gz").write_bytes(gzip.compress(scan, mtime=0))
+    _release(paths, root / suite, repo.label,
+             files=(str(index / "Packages"), str(index / "Packages.gz")),
+             fields=(f"Suite: {repo.suite}", f"Codename: {repo.suite}",
+                     f"Components: {repo.component}"))
 
 
 def repo_url(port: int, repo: str = "") -> str:

@@ -20,46 +20,37 @@ Built as the upstream release is (``hack/lib/golang.sh``): ``-trimpath``, tags
 which upstream links with cgo; version variables set through ``-ldflags`` so each binary prints
 its real version and kubeadm's version checks work.
 
-``python -m lab.kube.build`` builds (if needed) and prints the directory.
+The previous patch release's kubelet, kubeadm and kubectl are built the same way from their own
+wrapper module (``lab/kube/previous/``): the lab serves both releases' packages, so a roll of the
+Kubernetes pin from one to the other upgrades real binaries (tests/lab/test_upgrade.py). The
+cache, lock and build mechanics are lab/gobuild.py's, shared with containerd, runc and Kueue.
+
+``python -m lab.kube.build`` builds both (if needed) and prints the current release's directory.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
-import hashlib
-import json
-import os
 import re
-import shutil
-import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from lab import gobuild
 from lab.errors import LabError
+from lab.gobuild import Binary, is_built
 
 MODULE_DIR = Path(__file__).resolve().parent
 GO_MOD = MODULE_DIR / "go.mod"
 GO_SUM = MODULE_DIR / "go.sum"
+PREVIOUS_DIR = MODULE_DIR / "previous"
 KUBERNETES_MODULE = "k8s.io/kubernetes"
 
 # Upstream's release build tags (hack/lib/golang.sh: "selinux,notest" plus "grpcnotrace" for
 # non-debug builds).
 KUBE_TAGS = ("selinux", "notest", "grpcnotrace")
 VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
-
-
-@dataclass(frozen=True)
-class Binary:
-    """One binary: its name, the main package (a ``tool`` line of go.mod) and how to link it."""
-
-    name: str
-    package: str
-    cgo: bool = False  # upstream's KUBE_STATIC_BINARIES are static; the kubelet is not
-    kubernetes: bool = True  # a Kubernetes binary (tags, version variables) or etcd
-
 
 BINARIES = (
     Binary("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
@@ -70,6 +61,8 @@ BINARIES = (
     Binary("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
     Binary("etcd", "go.etcd.io/etcd/server/v3", kubernetes=False),
 )
+# What a node installs of the previous release (pkgs.k8s.io's three packages).
+PREVIOUS_BINARIES = tuple(b for b in BINARIES if b.name in ("kubelet", "kubeadm", "kubectl"))
 
 
 @dataclass(frozen=True)
@@ -80,22 +73,17 @@ class ReleaseFacts:
     commit: str  # its "Origin.Hash", where the record has one
 
 
-# v1.37.2's record carries no Origin (no commit) and GitHub is not reachable from the machines
-# that build this, so its gitCommit stays empty (gitTreeState "archive": built from the
-# published source archive, as upstream calls a build from `git archive`) rather than invented.
+# The records of v1.37.1 and v1.37.2 carry no Origin (no commit) and GitHub is not reachable from
+# the machines that build this, so their gitCommit stays empty (gitTreeState "archive": built from
+# the published source archive, as upstream calls a build from `git archive`) rather than
+# invented.
 RELEASES = {
+    "v1.37.1": ReleaseFacts(time="2026-09-23T17:06:22Z", commit=""),
     "v1.37.2": ReleaseFacts(time="2026-10-27T12:01:04Z", commit=""),
 }
 
 
-@dataclass(frozen=True)
-class GoMod:
-    """The parts of the wrapper go.mod the build relies on."""
-
-    requires: dict[str, str]
-    replaces: dict[str, tuple[str, str]]  # module -> (replacement, version)
-    tools: tuple[str, ...]
-
+class GoMod(gobuild.GoMod):
     @property
     def kubernetes_version(self) -> str:
         try:
@@ -104,52 +92,13 @@ class GoMod:
             raise LabError(f"{GO_MOD}: no `require {KUBERNETES_MODULE} vX.Y.Z`") from None
 
 
-_REQUIRE_RE = re.compile(r"^\s*([^\s()]+)\s+(v\S+)")
-_REPLACE_RE = re.compile(r"^\s*(\S+)\s+=>\s+(\S+)\s+(v\S+)")
-
-
 def parse_go_mod(text: str) -> GoMod:
-    """Read require/replace/tool lines (single-line or blocks) of a go.mod."""
-    requires: dict[str, str] = {}
-    replaces: dict[str, tuple[str, str]] = {}
-    tools: list[str] = []
-    block = ""
-    for raw in text.splitlines():
-        line = raw.split("//", 1)[0].rstrip()
-        if not line.strip():
-            continue
-        if block:
-            if line.strip() == ")":
-                block = ""
-                continue
-            body = line
-        else:
-            verb, _, body = line.partition(" ")
-            if body.strip() == "(":
-                block = verb
-                continue
-            if verb not in ("require", "replace", "tool"):
-                continue
-            block_once = verb
-            body = " " + body
-            _add(block_once, body, requires, replaces, tools)
-            continue
-        _add(block, body, requires, replaces, tools)
-    return GoMod(requires=requires, replaces=replaces, tools=tuple(tools))
+    parsed = gobuild.parse_go_mod(text)
+    return GoMod(parsed.requires, parsed.replaces, parsed.tools)
 
 
-def _add(verb: str, body: str, requires: dict[str, str],
-         replaces: dict[str, tuple[str, str]], tools: list[str]) -> None:
-    if verb == "require" and (m := _REQUIRE_RE.match(body)):
-        requires[m.group(1)] = m.group(2)
-    elif verb == "replace" and (m := _REPLACE_RE.match(body)):
-        replaces[m.group(1)] = (m.group(2), m.group(3))
-    elif verb == "tool":
-        tools.append(body.strip())
-
-
-def read_go_mod() -> GoMod:
-    return parse_go_mod(GO_MOD.read_text())
+def read_go_mod(module_dir: Path = MODULE_DIR) -> GoMod:
+    return parse_go_mod((module_dir / "go.mod").read_text())
 
 
 def staging_version(kubernetes_version: str) -> str:
@@ -191,124 +140,51 @@ def go_build_argv(binary: Binary, version: str, out: Path) -> list[str]:
     return [*argv, "-ldflags=all=" + " ".join(ldflags), binary.package]
 
 
+def _kubernetes_version(mod: gobuild.GoMod) -> str:
+    return GoMod(mod.requires, mod.replaces, mod.tools).kubernetes_version
+
+
+CURRENT = gobuild.GoBuild(
+    label="kube", title="Kubernetes and etcd", module_dir=MODULE_DIR, binaries=BINARIES,
+    version=_kubernetes_version, argv=go_build_argv, minutes="12-15 minutes")
+PREVIOUS = gobuild.GoBuild(
+    label="kube", title="the previous Kubernetes patch release's kubelet, kubeadm and kubectl",
+    module_dir=PREVIOUS_DIR, binaries=PREVIOUS_BINARIES, version=_kubernetes_version,
+    argv=go_build_argv, minutes="8-10 minutes")
+
+
 def recipe(version: str) -> dict[str, object]:
-    """Everything that decides the binaries, bar the sources go.mod/go.sum pin."""
-    return {
-        "version": version,
-        "binaries": [asdict(b) for b in BINARIES],
-        "argv": [go_build_argv(b, version, Path("OUT")) for b in BINARIES],
-        "recipe": 1,
-    }
+    """Everything that decides the current release's binaries, bar go.mod/go.sum's sources."""
+    del version  # read from go.mod, as the build reads it
+    return CURRENT.recipe()
 
 
 def build_key() -> str:
-    """``<version>-<hash>``: the cache directory's name."""
-    version = read_go_mod().kubernetes_version
-    digest = hashlib.sha256()
-    for part in (GO_MOD.read_bytes(), GO_SUM.read_bytes(),
-                 json.dumps(recipe(version), sort_keys=True).encode()):
-        digest.update(hashlib.sha256(part).digest())
-    return f"{version}-{digest.hexdigest()[:12]}"
+    return CURRENT.key()
 
 
 def cache_root() -> Path:
     """``$GPUREADY_KUBE_CACHE``, else ``$XDG_CACHE_HOME/gpuready/kube`` or
     ``~/.cache/gpuready/kube`` (beside the lab's rootfs cache, see lab.paths)."""
-    if "GPUREADY_KUBE_CACHE" in os.environ:
-        return Path(os.environ["GPUREADY_KUBE_CACHE"]).resolve()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return (Path(base) / "gpuready" / "kube").resolve()
+    return CURRENT.cache_root()
 
 
 def build_dir(root: Path | None = None) -> Path:
-    return (root or cache_root()) / build_key()
+    return CURRENT.build_dir(root)
 
 
 def bin_dir(root: Path | None = None) -> Path:
-    return build_dir(root) / "bin"
-
-
-MANIFEST = "manifest.json"
-
-
-def is_built(target: Path) -> bool:
-    return (target / MANIFEST).is_file()
+    return CURRENT.bin_dir(root)
 
 
 def ensure_built(root: Path | None = None, log: bool = True) -> Path:
     """The directory of the pinned release's binaries, building them first if needed."""
-    target = build_dir(root)
-    if not is_built(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target.parent / f".{target.name}.lock", "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"kube: waiting for another process's build of {target} "
-                      f"(lock {lock.name})", file=sys.stderr, flush=True)
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            if not is_built(target):
-                _build(target, log)
-    return target / "bin"
+    return CURRENT.ensure_built(root, log)
 
 
-def _go_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # The wrapper module alone decides the sources: no workspace above it, no -mod=mod from the
-    # caller's GOFLAGS (go.sum must already hold every hash), no VCS stamping of our checkout.
-    env.update(GOWORK="off", GOFLAGS="-mod=readonly -buildvcs=false")
-    return env
-
-
-def _build(target: Path, log: bool) -> None:
-    go = shutil.which("go")
-    if go is None:
-        raise LabError("Go is not installed: building Kubernetes needs Go "
-                       f"{_go_directive()} or newer on PATH (https://go.dev/dl)")
-    version = read_go_mod().kubernetes_version
-    building = target.with_name(f"{target.name}.building-{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    (building / "bin").mkdir(parents=True)
-    started = time.monotonic()
-    if log:
-        print(f"kube: building Kubernetes {version} and etcd from source into {target} "
-              "(once per machine; 12-15 minutes on 2 cores)", file=sys.stderr, flush=True)
-    env = _go_env()
-    timings: dict[str, float] = {}
-    try:
-        for binary in BINARIES:
-            t0 = time.monotonic()
-            argv = ["nice", "-n", "10", *go_build_argv(binary, version, building / "bin")]
-            proc = subprocess.run(argv, cwd=MODULE_DIR, capture_output=True, text=True,
-                                  check=False, env={**env, "CGO_ENABLED": str(int(binary.cgo))})
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
-                raise LabError(f"building {binary.name} ({binary.package}) failed "
-                               f"(exit {proc.returncode}): " + " | ".join(tail))
-            timings[binary.name] = round(time.monotonic() - t0, 1)
-            if log:
-                print(f"kube: built {binary.name} in {timings[binary.name]:.0f} s",
-                      file=sys.stderr, flush=True)
-        go_version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True,
-                                    check=True, env=env).stdout.strip()
-        manifest = {
-            "version": version, "go": go_version, "key": target.name,
-            "recipe": recipe(version), "build_seconds": timings,
-            "sha256": {b.name: hashlib.sha256((building / "bin" / b.name).read_bytes())
-                       .hexdigest() for b in BINARIES},
-        }
-        (building / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        os.rename(building, target)  # atomic: a reader sees no build or a whole one
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
-    if log:
-        print(f"kube: built in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-
-
-def _go_directive() -> str:
-    m = re.search(r"^go (\S+)", GO_MOD.read_text(), re.M)
-    return m.group(1) if m else "?"
+def ensure_previous_built(root: Path | None = None, log: bool = True) -> Path:
+    """The previous patch release's kubelet, kubeadm and kubectl (lab/kube/previous/)."""
+    return PREVIOUS.ensure_built(root, log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,15 +195,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         started = time.monotonic()
         bins = ensure_built(log=not args.quiet)
+        ensure_previous_built(log=not args.quiet)
     except LabError as exc:
         print(f"kube: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:
-        print(f"kube: {read_go_mod().kubernetes_version} ready in {bins} "
-              f"({time.monotonic() - started:.1f} s)", file=sys.stderr)
+        print(f"kube: {read_go_mod().kubernetes_version} and "
+              f"{read_go_mod(PREVIOUS_DIR).kubernetes_version} ready in "
+              f"{time.monotonic() - started:.1f} s", file=sys.stderr)
     print(bins)
     return 0
 
+
+__all__ = ["BINARIES", "PREVIOUS_BINARIES", "Binary", "is_built"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -37,7 +37,8 @@ roles install:
   drop-in) that raises an OOM score adjustment below the host's own (the kubelet asks -998 for
   every sandbox) to it: lowering one needs CAP_SYS_RESOURCE, which neither nspawn gives a host
   nor this machine has ("nsexec: failed to update /proc/self/oom_score_adj: Permission
-  denied"). Everything else is Debian's runc, unchanged.
+  denied"). Everything else is the runc containerd.io carries (lab/runtime: built from its
+  source), unchanged.
 - an image: no registry can be reached, so lab/kube/images.py builds one on this machine from
   Debian's busybox-static and a unit imports it into containerd whenever containerd starts, as
   ``gpuready.lab/sleep:1`` and as containerd's sandbox image. A real image, built locally; no

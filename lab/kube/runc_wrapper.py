@@ -2,7 +2,7 @@
 """runc as a lab host may run it: the real runc, with no OOM score below the host's own.
 
 Copied into each kubelet host by lab.kube.node and put first on containerd's PATH (a drop-in
-for containerd.service), so containerd's shims run it instead of Debian's runc, which it then
+for containerd.service), so containerd's shims run it instead of the package's runc, which it then
 execs with the same arguments. The only change: a container's ``process.oomScoreAdj`` (in the
 bundle's config.json, for ``create`` and ``run``) lower than this process's own score is
 raised to it. The kubelet asks for -998 for every Pod's sandbox and -997 for Guaranteed

@@ -110,6 +110,24 @@ printf 'Package: src:nvidia-graphics-drivers\\nPin: version {driver}-1\\nPin-Pri
 apt-get update -qq -o APT::Update::Error-Mode=any
 """
 DEBIAN12_CUDA = "compute/cuda/repos/debian12/x86_64"
+# Docker's repository as the lab serves it (not flat: a suite per release, component stable).
+LAB_DOCKER_SOURCE = """set -e
+install -d -m 0755 /etc/apt/keyrings
+python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen(\\
+  "http://127.0.0.1:{port}/keyring.gpg").read())' > /etc/apt/keyrings/gpuready-lab.gpg
+echo "deb [signed-by=/etc/apt/keyrings/gpuready-lab.gpg] http://127.0.0.1:{port}/linux/debian \\
+{suite} stable" > /etc/apt/sources.list.d/gpuready-lab-docker.list
+"""
+# containerd.io's Debian version per lab OS (inventory/lab/group_vars: the pins the roles use).
+CONTAINERD_IO = {"debian-12": ("bookworm", "2.2.9-1~debian.12~bookworm"),
+                 "debian-13": ("trixie", "2.2.9-1~debian.13~trixie")}
+
+
+def lab_docker_source(port: int, os_key: str) -> str:
+    """A shell script adding the lab's Docker repository for ``os_key`` (no apt update)."""
+    return LAB_DOCKER_SOURCE.format(port=port, suite=CONTAINERD_IO[os_key][0])
+
+
 DRIVER = "550.90.07"  # inventory/lab/group_vars/all/bootstrap.yml
 
 

@@ -145,3 +145,24 @@ def evict(kubeconfig: Path, ca_file: Path, tmp: Path, name: str, namespace: str 
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def kubelet_metrics(kubeconfig: Path, address: str, tmp: Path) -> str:
+    """GET the kubelet's /metrics on its own address as the kubeconfig's user (the kubelet
+    authenticates the client certificate against the cluster CA and asks the API server's
+    authorizer). Not through the API server's node proxy: a lab node's InternalIP is this
+    machine's own address (the kubelet refuses a loopback --node-ip), where no kubelet
+    listens. The kubelet's serving certificate is self-signed: not verified here."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    user = config["users"][0]["user"]
+    pem = tmp / "kubelet-client.pem"
+    pem.write_bytes(base64.b64decode(user["client-certificate-data"])
+                    + base64.b64decode(user["client-key-data"]))
+    pem.chmod(0o600)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.load_cert_chain(str(pem))
+    with urllib.request.urlopen(f"https://{address}:10250/metrics", context=context,
+                                timeout=30) as response:
+        return response.read().decode()

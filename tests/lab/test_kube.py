@@ -1,14 +1,17 @@
 """Real Kubernetes in the lab (issue 29, phase A): the control plane built from source and set
 up by the real kubeadm in cp1, and the real `kubeadm join` of a real kubelet on a Debian 12 and
-a Debian 13 host, with the containerd Debian ships on each; Pods bound to those nodes run the
-lab's locally built image (lab/kube/images.py, no registry), turn Ready, and the real API
-server's eviction honours a PodDisruptionBudget over them (issue 33).
+a Debian 13 host, on containerd 2 (Docker's containerd.io as the lab serves it: containerd and
+runc built from their sources, lab/runtime) on each; Pods bound to those nodes run the lab's
+locally built image (lab/kube/images.py, no registry), turn Ready, and the real API server's
+eviction honours a PodDisruptionBudget over them (issue 33). Issue 40: containerd 2 answers the
+kubelet's RuntimeConfig call, so neither kubeadm's preflight nor the kubelet warns that the
+runtime is losing support, and the kubelet exports no ``kubelet_cri_losing_support`` series.
 
-The nodes are made by hand here (Debian's containerd and CNI plugins from apt, the built
-kubelet and kubeadm with the pkgs.k8s.io packages' unit and drop-in), standing in for the roles
-until they install Kubernetes from the lab repository. What the lab itself must give a host
-for a kubelet (lab/kube/node.py) and the join settings a shared network namespace needs (each
-kubelet on its own address; preflight checks of the machine's kernel skipped) are the lab's.
+The nodes are made by hand here (containerd.io from the lab repository, Debian's CNI plugins,
+the built kubelet and kubeadm with the pkgs.k8s.io packages' unit and drop-in), apart from the
+roles, which have their own tests. What the lab itself must give a host for a kubelet
+(lab/kube/node.py) and the join settings a shared network namespace needs (each kubelet on its
+own address; preflight checks of the machine's kernel skipped) are the lab's.
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ from lab.fleet import LabHost
 from lab.kube import build, cluster, images
 from lab.paths import REPO_ROOT, LabPaths
 from tests.lab import kube_pods
-from tests.lab.conftest import assert_host_cgroups, lab_cli, running_lab
+from tests.lab.conftest import (
+    CONTAINERD_IO,
+    assert_host_cgroups,
+    lab_cli,
+    lab_docker_source,
+    running_lab,
+)
 
 PACKAGING = REPO_ROOT / "tests/fixtures/kube-packaging"
 VERSION = build.read_go_mod().kubernetes_version
@@ -67,7 +76,7 @@ def nodes(kube: LabState) -> LabState:
     paths = LabPaths.default()
     for host in kube.hosts:
         if host.kind != "control-plane":
-            prepare_node(paths, host)
+            prepare_node(paths, host, kube.repo_port)
     return kube
 
 
@@ -95,12 +104,14 @@ def ca_pin(paths: LabPaths) -> str:
     return "sha256:" + hashlib.sha256(spki).hexdigest()
 
 
-def prepare_node(paths: LabPaths, host: LabHost) -> None:
-    """What the roles will do: containerd (systemd cgroup driver) and the Kubernetes packages."""
+def prepare_node(paths: LabPaths, host: LabHost, port: int) -> None:
+    """What the roles do: containerd 2 (systemd cgroup driver) and the Kubernetes packages."""
     root = paths.host_dir(host.name) / "merged"
-    ok(paths, host.name, ["sh", "-c", "DEBIAN_FRONTEND=noninteractive apt-get update -qq && "
-                          "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containerd "
-                          "containernetworking-plugins >/dev/null"])
+    version = CONTAINERD_IO[host.os][1]
+    ok(paths, host.name, ["sh", "-c", lab_docker_source(port, host.os)
+                          + "DEBIAN_FRONTEND=noninteractive apt-get update -qq && "
+                          "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                          f"containerd.io={version} containernetworking-plugins >/dev/null"])
     for binary in ("kubelet", "kubeadm"):
         ok(paths, host.name, ["install", "-m", "0755", f"{cluster.BIN_IN_HOST}/{binary}",
                               f"/usr/bin/{binary}"])
@@ -114,9 +125,11 @@ def prepare_node(paths: LabPaths, host: LabHost) -> None:
     for directory in ("var/lib/kubelet", "etc/kubernetes/manifests", PATCHES.lstrip("/"),
                       "etc/cni/net.d", "etc/containerd"):
         (root / directory).mkdir(parents=True, exist_ok=True)
+    # containerd.io's own config.toml disables the CRI plugin: write the default (version 3)
+    # with the systemd cgroup driver and Debian's CNI plugins, as the containerd role does.
     ok(paths, host.name, ["sh", "-c", "containerd config default | sed -e "
                           "'s/SystemdCgroup = false/SystemdCgroup = true/' -e "
-                          "'s#\"/opt/cni/bin\"#\"/usr/lib/cni\"#' > /etc/containerd/config.toml"])
+                          "\"s#'/opt/cni/bin'#'/usr/lib/cni'#\" > /etc/containerd/config.toml"])
     (root / "etc/cni/net.d/10-gpuready-lab.conflist").write_text(json.dumps(CNI_CONFIG))
     ok(paths, host.name, ["systemctl", "daemon-reload"])
     ok(paths, host.name, ["systemctl", "restart", "containerd"])
@@ -206,10 +219,10 @@ def test_a_wrong_ca_pin_is_refused_and_leaves_no_kubelet_conf(nodes: LabState) -
     assert run(paths, node.name, ["test", "-e", "/etc/kubernetes/kubelet.conf"]).returncode == 1
 
 
-@pytest.mark.parametrize(("name", "containerd"), [("node1", "containerd://1.6."),
-                                                  ("node2", "containerd://1.7.")])
+@pytest.mark.parametrize(("name", "containerd"), [("node1", "containerd://2.2.9"),
+                                                  ("node2", "containerd://2.2.9")])
 def test_real_kubeadm_join_makes_a_ready_node(nodes: LabState, name: str,
-                                              containerd: str) -> None:
+                                              containerd: str, tmp_path: Path) -> None:
     paths = LabPaths.default()
     host, cp = nodes.host(name), nodes.host("cp1")
     token = ok(paths, "cp1", ["kubeadm", "token", "create", "--ttl", "10m"]).strip()
@@ -218,11 +231,21 @@ def test_real_kubeadm_join_makes_a_ready_node(nodes: LabState, name: str,
     proc = run(paths, name, ["kubeadm", "join", "--config", JOIN_CONFIG], timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "This node has joined the cluster" in proc.stdout
+    # kubeadm's ContainerRuntimeVersion preflight check is clean on containerd 2.
+    assert "RuntimeConfig" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     node = wait_ready(paths, name)
     print(f"{name}: joined and Ready in {time.monotonic() - started:.1f} s")
     info = node["status"]["nodeInfo"]
     assert info["kubeletVersion"] == VERSION
-    assert info["containerRuntimeVersion"].startswith(containerd)
+    assert info["containerRuntimeVersion"] == containerd
+    # containerd 2 answers RuntimeConfig: no fallback, no warning, no losing-support series.
+    journal = run(paths, name, ["journalctl", "-u", "kubelet", "--no-pager", "-o", "cat"]).stdout
+    assert "RuntimeConfig" not in journal and "losing support" not in journal.lower(), journal
+    host = next(h for h in nodes.hosts if h.name == name)
+    metrics = kube_pods.kubelet_metrics(controlplane.admin_kubeconfig(paths), host.address,
+                                        tmp_path)
+    assert f'kubelet_node_name{{node="{name}"}} 1' in metrics, metrics[:2000]
+    assert "kubelet_cri_losing_support" not in metrics
     # The kubelet's client certificate: its CSR was approved by kube-controller-manager's
     # csrapproving controller, through kubeadm's auto-approve binding.
     csrs = json.loads(kubectl(paths, "get", "csr", "-o", "json").stdout)["items"]
@@ -298,9 +321,9 @@ def test_pods_run_ready_and_a_pdb_lets_the_real_api_server_evict_one_at_a_time(
         print(f"{name}: {loaded} imported in {time.monotonic() - started:.1f} s")
         assert loaded[0] == images.IMAGE
         sandboxes[name] = loaded[1]
-    # containerd 1.6 (Debian 12) and 1.7 (Debian 13) name different pause images.
-    assert sandboxes == {"node1": "registry.k8s.io/pause:3.6",
-                         "node2": "registry.k8s.io/pause:3.8"}
+    # Both run containerd.io 2.2.9, whose default names pause 3.10.1 (1.6 named 3.6, 1.7 3.8).
+    assert sandboxes == {"node1": "registry.k8s.io/pause:3.10.1",
+                         "node2": "registry.k8s.io/pause:3.10.1"}
     pods = {name: f"sleep-{name}" for name in names}
     started = time.monotonic()
     try:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from lab.kube import build
+from lab.runtime import build as runtime_build
 
 REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "lab.md"
@@ -52,14 +53,17 @@ def test_every_simulator_is_a_simulated_row_and_only_there() -> None:
 
 
 def test_every_built_component_is_a_real_row_and_never_simulated() -> None:
-    built = {b.name for b in build.BINARIES}
-    assert {"kubelet", "kubeadm", "kubectl", "kube-scheduler"} <= built
     real = set().union(*(names(c) for c, kind, _ in table() if kind == "real"))
     simulated = set().union(*(names(c) for c, kind, _ in table() if kind == "SIMULATED"))
-    assert built - real == set(), "components lab/kube/build.py builds that no real row names"
-    assert built & simulated == set(), "built components the table calls SIMULATED"
-    assert all("lab/kube/build.py" in w for c, kind, w in table()
-               if kind == "real" and names(c) & built)
+    for builder, binaries in (("lab/kube/build.py", build.BINARIES),
+                              ("lab/runtime/build.py", (*runtime_build.CONTAINERD_BINARIES,
+                                                        *runtime_build.RUNC_BINARIES))):
+        built = {b.name for b in binaries}
+        assert built - real == set(), f"components {builder} builds that no real row names"
+        assert built & simulated == set(), "built components the table calls SIMULATED"
+        assert all(builder in w for c, kind, w in table()
+                   if kind == "real" and names(c) & built)
+    assert {"kubelet", "kubeadm", "kubectl", "kube-scheduler", "containerd", "runc"} <= real
 
 
 def test_the_prose_calls_no_built_component_simulated() -> None:
