@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from typing import Any
 
 import pytest
@@ -106,28 +107,36 @@ def test_containerd_main_config(host: Any, desired: Desired) -> None:
     assert not re.search(r"^\s*SystemdCgroup = false$", content, re.MULTILINE)
 
 
+def _runtimes(config: str) -> str:
+    """The CRI runtimes' table prefix for this configuration's version: containerd 1.x's CRI
+    plugin (version 2) or containerd 2's runtime plugin (version 3, which its dump quotes with
+    single quotes; a drop-in written with double quotes means the same)."""
+    if re.search(r"^version = 3$", config, re.MULTILINE):
+        quote = "'" if "plugins.'io.containerd.cri.v1.runtime'" in config else '"'
+        return f"plugins.{quote}io.containerd.cri.v1.runtime{quote}.containerd.runtimes"
+    return RUNTIMES
+
+
 def test_nvidia_runtime_dropin(host: Any, desired: Desired) -> None:
     path = f"{desired['nvidia_container_toolkit_containerd_conf_dir']}/99-nvidia.toml"
     content = _root_file(host, path).content_string
     name = desired["nvidia_container_toolkit_runtime_name"]
-    assert f"[{RUNTIMES}.{name}.options]" in content
+    assert f"[{_runtimes(content)}.{name}.options]" in content
     assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in content
 
 
 def test_containerd_config_dump_has_nvidia_runtime(host: Any, desired: Desired) -> None:
     with host.sudo():
-        dump = host.check_output("containerd config dump")
+        dump = tomllib.loads(host.check_output("containerd config dump"))
+    # The CRI runtime plugin of the configuration's version: 1.x's io.containerd.grpc.v1.cri
+    # (version 2), 2.x's io.containerd.cri.v1.runtime (version 3).
+    plugin = "io.containerd.cri.v1.runtime" if dump["version"] == 3 else "io.containerd.grpc.v1.cri"
+    runtimes = dump["plugins"][plugin]["containerd"]["runtimes"]
     name = desired["nvidia_container_toolkit_runtime_name"]
-    section = re.search(
-        rf"^\s*\[{re.escape(RUNTIMES)}\.{re.escape(name)}\.options\]\n(.*?)(?=^\s*\[|\Z)",
-        dump, re.MULTILINE | re.DOTALL)
-    assert section, f"no {name} runtime in `containerd config dump`"
-    assert re.search(r'^\s*BinaryName = "/usr/bin/nvidia-container-runtime"$',
-                     section.group(1), re.MULTILINE)
+    assert name in runtimes, f"no {name} runtime in `containerd config dump`"
+    assert runtimes[name]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
     # runc must survive the drop-in (containerd 1.x replaces imported plugin sections whole).
-    runc = re.search(rf"^\s*\[{re.escape(RUNTIMES)}\.runc\.options\]\n(.*?)(?=^\s*\[|\Z)",
-                     dump, re.MULTILINE | re.DOTALL)
-    assert runc and re.search(r"^\s*SystemdCgroup = true$", runc.group(1), re.MULTILINE)
+    assert runtimes["runc"]["options"]["SystemdCgroup"] is True
 
 
 def test_cdi_spec(host: Any, desired: Desired) -> None:

@@ -79,11 +79,18 @@ def test_kubernetes_packages_pinned_and_held(host: Any, desired: Desired) -> Non
 
 
 def test_containerd_installed(host: Any, desired: Desired) -> None:
-    status, version = dpkg_state(host, "containerd")
+    """Docker's containerd.io (vendor, containerd 2: its runc replaces the distribution's), or
+    the distribution's containerd, at the pin and held."""
+    package = {"vendor": "containerd.io", "distribution": "containerd"}[
+        desired["containerd_source"]]
+    status, version = dpkg_state(host, package)
     pin = desired["containerd_version"]
     assert status == (HELD if pin else "install ok installed")
     if pin:
         assert version == pin
+    if desired["containerd_source"] == "vendor":
+        assert dpkg_state(host, "containerd")[0] != "install ok installed"
+        assert host.check_output("runc --version").startswith("runc version 1.")
 
 
 def test_driver_release_pinned_in_apt_preferences(host: Any, desired: Desired) -> None:

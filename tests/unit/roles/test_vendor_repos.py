@@ -426,3 +426,63 @@ def test_role_defaults_pin_the_vendors_real_keys_and_urls() -> None:
     assert driver["nvidia_driver_repo_base_url"] + "{directory}/" == REPOS["nvidia-cuda"]["url"]
     # Empty means "NVIDIA's key for the host's OS" (the per-OS tables checked above).
     assert driver["nvidia_driver_repo_key_fingerprint"] == ""
+
+
+# --- Docker's repository (containerd 2, issue 40) -------------------------------------------
+
+@pytest.mark.parametrize("os_key", LAB_OSES)
+def test_lab_docker_repository_serves_containerd_io_as_docker_does(
+        lab_repo: tuple[Path, str], os_key: str) -> None:
+    """Not flat: dists/<suite>/stable/binary-amd64/Packages, the packages in the suite's pool;
+    containerd.io at each release the lab builds, with the OS's version suffix, the relations
+    of Docker's debian/control and the config.toml its packaging ships (CRI disabled)."""
+    from lab.runtime import build  # noqa: PLC0415  (what the lab builds, not what it serves)
+
+    root, _ = lab_repo
+    docker = REPOS["docker"]
+    suite = docker["os"][os_key]["suite"]
+    index = root / docker["directory"] / "dists" / suite / "stable" / "binary-amd64" / "Packages"
+    served = _packages_index(index)
+    releases = [b.release().removeprefix("v") for b in build.RELEASES]
+    assert {(p["Package"], p["Version"]) for p in served} == {
+        ("containerd.io", _render(docker["os"][os_key]["version"], upstream=r))
+        for r in releases}
+    for stanza in served:
+        for relation in docker["packages"]["containerd.io"]["relations"]:
+            assert stanza[relation["field"]] == relation["value"], stanza
+        assert stanza["Filename"].startswith(f"dists/{suite}/pool/stable/amd64/containerd.io_")
+        deb = root / docker["directory"] / stanza["Filename"]
+        listing = subprocess.run(["dpkg-deb", "--contents", str(deb)], capture_output=True,
+                                 text=True, check=True).stdout
+        for wanted in docker["packages"]["containerd.io"]["files"]:
+            assert f".{wanted['path']}\n" in listing, (wanted["path"], listing)
+        assert "./usr/bin/runc\n" in listing
+        config = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True,
+                                check=True).stdout
+        assert b'disabled_plugins = ["cri"]' in config
+    release = (root / docker["directory"] / "dists" / suite / "Release").read_text()
+    assert f"Suite: {suite}\n" in release and "Components: stable\n" in release
+    assert "stable/binary-amd64/Packages\n" in release
+
+
+@pytest.mark.parametrize("os_key", sorted(ROLE_OS_FILES))
+def test_containerd_role_os_tables_match_docker_s_repository(os_key: str) -> None:
+    table = _role_os_table("containerd", os_key)
+    if os_key not in REPOS["docker"]["os"]:
+        assert table["_containerd_vendor_distribution"] == "ubuntu"  # not served in the lab
+        return
+    facts = REPOS["docker"]["os"][os_key]
+    assert table["_containerd_vendor_suite"] == facts["suite"]
+    assert _render(facts["version"], upstream="X") == "X-1" + table["_containerd_vendor_suffix"]
+    defaults = _defaults("containerd")
+    assert defaults["containerd_repo_key_fingerprint"] == REPOS["docker"]["key"]["fingerprint"]
+
+
+@pytest.mark.parametrize("inventory", INVENTORIES)
+def test_containerd_pins_are_docker_releases_for_each_os(inventory: str) -> None:
+    for os_key in LAB_OSES:
+        pins = _pins(inventory, os_key)
+        assert pins.get("containerd_source", "vendor") == "vendor", (inventory, os_key)
+        version = str(pins["containerd_version"])
+        suffix = _render(REPOS["docker"]["os"][os_key]["version"], upstream="")
+        assert version.endswith(suffix.removeprefix("-1")), (inventory, os_key, version)
