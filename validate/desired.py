@@ -43,6 +43,9 @@ KERNEL_PIN = "gpuready_kernel_release"
 # The package pins of the containerd, nvidia_container_toolkit and kubelet roles (unset: the
 # role's default; validate/drift/pins.py resolves them as the roles do).
 CONTAINERD_PIN = "containerd_version"
+# Where the containerd role takes containerd from: vendor (Docker's containerd.io) or distribution.
+CONTAINERD_SOURCE = "containerd_source"
+CONTAINERD_SOURCES = ("vendor", "distribution")
 TOOLKIT_PIN = "nvidia_container_toolkit_version"
 TOOLKIT_PACKAGES = "nvidia_container_toolkit_packages"
 KUBELET_PIN = "kubelet_version"
@@ -121,6 +124,7 @@ class Pins:
     toolkit_packages: tuple[str, ...] | None = None
     kubelet_version: str | None = None
     kubelet_packages: tuple[str, ...] | None = None
+    containerd_source: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +405,12 @@ def _margins(value: Any) -> Mapping[str, float]:
     return out
 
 
+def _choice(value: Any, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise _Bad(f"is {value!r}, not one of {', '.join(choices)}")
+    return value
+
+
 _READERS: dict[str, Callable[[Any], Any]] = {
     PROFILE: _profile_name,
     POOL: _mapping,
@@ -410,6 +420,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     DCGM_PIN: _version,
     KERNEL_PIN: _word,
     CONTAINERD_PIN: _version_or_empty,
+    CONTAINERD_SOURCE: lambda value: _choice(value, CONTAINERD_SOURCES),
     TOOLKIT_PIN: _version,
     TOOLKIT_PACKAGES: _words,
     KUBELET_PIN: _version,
@@ -470,7 +481,7 @@ def read(values: Mapping[str, Any]) -> tuple[DesiredState, tuple[Problem, ...]]:
         environment=got.get(ENVIRONMENT),
         pins=Pins(got.get(DRIVER_PIN), got.get(KERNEL_PIN), got.get(DCGM_PIN),
                   got.get(CONTAINERD_PIN), got.get(TOOLKIT_PIN), got.get(TOOLKIT_PACKAGES),
-                  got.get(KUBELET_PIN), got.get(KUBELET_PACKAGES)),
+                  got.get(KUBELET_PIN), got.get(KUBELET_PACKAGES), got.get(CONTAINERD_SOURCE)),
         services=got.get(SERVICES) or None,
         storage=Storage(got.get(DRIVE_CLASS), got.get(SCRATCH_PATH), got.get(CHECKPOINT_PATH),
                         got.get(FIO_SIZE), got.get(CHECKPOINT_SIZE)),

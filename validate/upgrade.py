@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +117,17 @@ class UpgradeApi(gate.KubeNodeApi):
                               "authorization.k8s.io/v1")
         status = review.get("status") or {}
         return status.get("allowed") is True, one_line(str(status.get("reason") or ""))
+
+    def server_version(self) -> str:
+        """The API server's ``gitVersion`` (``v1.37.2``), as ``kubectl version`` reads it."""
+        endpoint = "GET /version"
+        doc = self._call("read", endpoint,
+                         self._client.VersionApi(self._api.api_client).get_code)
+        version = doc.get("gitVersion") if isinstance(doc, Mapping) else None
+        if not isinstance(version, str) or release(version) is None:
+            raise UpgradeError(f"{endpoint}: the API server at {self.server} answered no "
+                               f"Kubernetes version (gitVersion {one_line(repr(version))})")
+        return version
 
     def list_pods(self, node_name: str) -> list[dict[str, Any]]:
         selector = f"spec.nodeName={node_name}"
@@ -326,6 +338,87 @@ def write_state(api: gate.NodeApi, name: str, prefix: str, state: str, detail: s
     raise UpgradeError(f"Node {name}: still changing after {gate.MAX_ATTEMPTS} attempts")
 
 
+# -- what the node runs, and the version skew policy ----------------------------------------------
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+# Kubernetes' version skew policy: the kubelet may be up to three minor versions older than
+# kube-apiserver, never newer (https://kubernetes.io/releases/version-skew-policy/).
+MAX_KUBELET_MINORS_BEHIND = 3
+
+
+def release(text: str) -> tuple[int, int, int] | None:
+    """The first ``X.Y.Z`` in ``text`` (``v1.37.2``, ``1.37.2-1.1``, ``containerd://2.2.9``,
+    ``2.2.9-1~debian.12~bookworm``), or None."""
+    m = _RELEASE.search(text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+@dataclass(frozen=True)
+class Running:
+    """What the Node's kubelet reports (``status.nodeInfo``): what really runs, which dpkg's
+    answer does not say (a new package, an old process)."""
+
+    kubelet: str = ""  # kubeletVersion, e.g. v1.37.2 ("": not reported)
+    runtime: str = ""  # containerRuntimeVersion, e.g. containerd://2.2.9
+
+
+def running(node: Mapping[str, Any]) -> Running:
+    info = ((node.get("status") or {}).get("nodeInfo")) or {}
+    return Running(str(info.get("kubeletVersion") or ""),
+                   str(info.get("containerRuntimeVersion") or ""))
+
+
+def running_pins(node: Node) -> tuple[str | None, str | None]:
+    """The kubelet and containerd versions ``node`` is pinned to (None: not pinned)."""
+    by_role = {p.role: p.version for p in pins.package_pins(node)}
+    return by_role.get("kubelet"), by_role.get("containerd")
+
+
+def running_differences(kubelet_pin: str | None, containerd_pin: str | None,
+                        seen: Running) -> list[str]:
+    """What runs that is not the pinned release, both as releases: ``kubelet running v1.37.1 ->
+    v1.37.2`` (the Node's kubeletVersion, then the pin's release), ``containerd running 2.2.8 ->
+    2.2.9``."""
+    found = []
+    if kubelet_pin and release(seen.kubelet) != release(kubelet_pin):
+        found.append(f"kubelet running {seen.kubelet or 'unknown'} -> "
+                     f"v{_release_text(kubelet_pin)}")
+    runtime = seen.runtime.partition("://")[2]
+    if containerd_pin and release(runtime) != release(containerd_pin):
+        found.append(f"containerd running {runtime or 'unknown'} -> "
+                     f"{_release_text(containerd_pin)}")
+    return found
+
+
+def _release_text(pin: str) -> str:
+    found = release(pin)
+    return ".".join(map(str, found)) if found else pin
+
+
+def skew_refusals(nodes: Sequence[Node], server: str) -> list[str]:
+    """Each node whose kubelet pin the version skew policy forbids against the API server
+    ``server`` (``v1.37.2``): newer than it, or more than three minor versions older."""
+    refused = []
+    have = release(server)
+    for node in nodes:
+        try:
+            pin = running_pins(node)[0]
+        except pins.PinError:
+            continue  # the plan names the node unreadable, and does not roll it
+        want = release(pin or "")
+        if have is None or want is None:
+            continue
+        if want > have:
+            refused.append(f"{node.name}: kubelet_version {pin} is newer than the API server "
+                           f"({server}): the kubelet must not be newer than kube-apiserver; "
+                           "upgrade the control plane first")
+        elif want[0] == have[0] and have[1] - want[1] > MAX_KUBELET_MINORS_BEHIND:
+            refused.append(f"{node.name}: kubelet_version {pin} is more than "
+                           f"{MAX_KUBELET_MINORS_BEHIND} minor versions older than the API "
+                           f"server ({server}): the kubelet may be at most "
+                           f"{MAX_KUBELET_MINORS_BEHIND} minors behind kube-apiserver")
+    return refused
+
+
 # -- plan ---------------------------------------------------------------------------------------
 @dataclass
 class NodePlan:
@@ -337,6 +430,7 @@ class NodePlan:
     unreadable: str = ""
     pods: list[PodOnNode] = field(default_factory=list)
     blocked: dict[str, list[str]] = field(default_factory=dict)
+    running: Running = field(default_factory=Running)
 
     @property
     def pending(self) -> bool:
@@ -402,9 +496,16 @@ def batches(hosts: Sequence[str], serial: str) -> list[list[str]]:
 def plan(nodes: Sequence[Node], api: UpgradeApi, prefix: str, *, timeout_s: float,
          concurrency: int, accept_unknown_host_keys: bool) -> list[NodePlan]:
     plans = [NodePlan(n.name, k8s_name(n)) for n in nodes]
-    # The API first: one that cannot answer (or answers wrong) costs no node a probe.
+    # The API first: one that cannot answer (or answers wrong) costs no node a probe, and a
+    # pin the version skew policy forbids stops the roll before anything changes.
+    server = api.server_version()
+    refused = skew_refusals(nodes, server)
+    if refused:
+        raise UpgradeError("the version skew policy refuses these pins (nothing was changed): "
+                           + "; ".join(refused))
     by_name = {(n.get("metadata") or {}).get("name"): n for n in api.list_nodes()}
     pdbs = api.list_pdbs()
+    inventory = {n.name: n for n in nodes}
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(nodes)))) as pool:
         versions = list(pool.map(
             lambda n: read_versions(n, timeout_s, accept_unknown_host_keys), nodes))
@@ -415,6 +516,11 @@ def plan(nodes: Sequence[Node], api: UpgradeApi, prefix: str, *, timeout_s: floa
             p.unreadable = p.unreadable or f"no Node {p.name!r} in the cluster"
             continue
         p.state, p.detail = node_state(node, prefix)
+        p.running = running(node)
+        if not p.unreadable:
+            # A package at its pin does not make it run: the kubelet and containerd the Node
+            # reports must be the pinned releases too.
+            p.reasons += running_differences(*running_pins(inventory[p.host]), p.running)
         if p.pending:
             p.pods = [pod_on_node(pod) for pod in api.list_pods(p.name)]
             p.blocked = {pod.ref: b for pod in p.pods if pod.action == "evict"
@@ -445,9 +551,15 @@ def plan_lines(plans: Sequence[NodePlan], serial: str) -> list[str]:
                     [f"refused unless {' and '.join(needs)}"] if needs else [])) if x)
                 lines.append(f"    {verb} {pod.ref}" + (f" ({note})" if note else ""))
                 lines += [f"      blocked now: {b}" for b in p.blocked.get(pod.ref, [])]
-    lines += [f"{h}: at the pins, not drained" for h in current]
+    lines += [f"{h}: at the pins{_runs(by_host[h].running)}, not drained" for h in current]
     lines += [f"{p.host}: unreadable, not upgraded: {p.unreadable}" for p in unreadable]
     return lines
+
+
+def _runs(seen: Running) -> str:
+    shown = ", ".join(x for x in (f"kubelet {seen.kubelet}" if seen.kubelet else "",
+                                  seen.runtime) if x)
+    return f" (runs {shown})" if shown else ""
 
 
 def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
@@ -458,6 +570,8 @@ def plan_json(plans: Sequence[NodePlan], serial: str) -> dict[str, Any]:
         "unreadable": {p.host: p.unreadable for p in plans if p.unreadable},
         "nodes": {p.host: {"node": p.name, "reasons": p.reasons, "state": p.state,
                            "detail": p.detail,
+                           "running": {"kubelet": p.running.kubelet,
+                                       "runtime": p.running.runtime},
                            "evict": [x.ref for x in p.pods if x.action == "evict"],
                            "leave": [x.ref for x in p.pods if x.action != "evict"],
                            "refused_unless": {x.ref: guard_vars(x) for x in p.pods
@@ -577,18 +691,41 @@ def drain(api: UpgradeApi, name: str, prefix: str, *, timeout_s: float, force_de
 
 
 # -- finish -------------------------------------------------------------------------------------
-def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO) -> ExitCode:
-    try:
-        node = api.get_node(name)
-    except gate.NotFound:
-        raise UpgradeError(f"no Node {name!r} in the cluster (never joined?)") from None
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    ours = [t for t in (node.get("spec") or {}).get("taints") or []
-            if t.get("key") == taint_key(prefix)]
-    verdict = labels.get(f"{prefix}/validation", "none")
-    if verdict != "passed" or ours:
-        why = (f"the gate did not admit it (validation {verdict}"
-               + (f", taint {ours[0].get('value')}" if ours else "") + ")")
+# How long finish waits for a restarted kubelet to report its version on the Node.
+RUNNING_WAIT_S = 60.0
+
+
+def finish(api: UpgradeApi, name: str, prefix: str, out: TextIO,
+           expect: tuple[str | None, str | None] = (None, None),
+           wait_s: float = RUNNING_WAIT_S, clock: Callable[[], float] = time.monotonic,
+           sleep: Callable[[float], None] = time.sleep) -> ExitCode:
+    """Uncordon a node the gate admitted and that runs its pins (``expect``: the kubelet and
+    containerd pins); a node whose kubelet or containerd still reports the old release after
+    ``wait_s`` (a package upgraded, the process not restarted) is not done."""
+    deadline = clock() + wait_s
+    while True:
+        try:
+            node = api.get_node(name)
+        except gate.NotFound:
+            raise UpgradeError(f"no Node {name!r} in the cluster (never joined?)") from None
+        # The gate's word first: a node it did not admit is not waited on.
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        ours = [t for t in (node.get("spec") or {}).get("taints") or []
+                if t.get("key") == taint_key(prefix)]
+        verdict = labels.get(f"{prefix}/validation", "none")
+        if verdict != "passed" or ours:
+            why = (f"the gate did not admit it (validation {verdict}"
+                   + (f", taint {ours[0].get('value')}" if ours else "") + ")")
+            write_state(api, name, prefix, FAILED, why)
+            _say(out, f"upgrade {name}: {why}; left cordoned")
+            return ExitCode.CHECK_FAILED
+        stale = running_differences(*expect, running(node))
+        if not stale or clock() >= deadline:
+            break
+        sleep(RETRY_S)
+    if stale:
+        why = (f"{'; '.join(stale)}: the node does not run its pins (a restart that did not "
+               "happen?)")
         write_state(api, name, prefix, FAILED, why)
         _say(out, f"upgrade {name}: {why}; left cordoned")
         return ExitCode.CHECK_FAILED
@@ -605,7 +742,7 @@ def cmd_upgrade(args: argparse.Namespace, stdout: TextIO, stderr: TextIO,
     except gate.ApiUnavailable as exc:
         stderr.write(f"error: {exc}\n")
         return ExitCode.UNREACHABLE
-    except (gate.GateError, gate.NotFound) as exc:
+    except (gate.GateError, gate.NotFound, pins.PinError) as exc:
         stderr.write(f"error: {exc}\n")
         return ExitCode.USAGE_OR_TOOL_ERROR
 
@@ -642,4 +779,4 @@ def _cmd(args: argparse.Namespace, stdout: TextIO,
                     taint=True if args.state != FAILED else None)
         stdout.write(f"upgrade {name}: {args.state}\n")
         return ExitCode.OK
-    return finish(api, name, setup.prefix, stdout)
+    return finish(api, name, setup.prefix, stdout, expect=running_pins(nodes[0]))

@@ -20,7 +20,15 @@ along: never fewer than three. One lab serves the module; the tests run in file 
 - with node3 repaired, a roll interrupted after node4's drain leaves node4 cordoned with its
   state on the Node; the next roll skips the nodes already at the pin (nothing drained or
   patched there) and takes node3 and node4 through;
-- a last roll has nothing to do: it changes nothing and drains nothing.
+- a last roll has nothing to do: it changes nothing and drains nothing;
+- (issue 40) the nodes started on the previous Kubernetes and containerd releases (the lab
+  builds both): a roll of the kubelet pin runs kubeadm's node upgrade on each node in turn
+  (drain, packages, `kubeadm upgrade node`, the kubelet restarted), and every Node then
+  reports the new kubeletVersion from a kubelet started after its package changed, the
+  workload never below its budget; the dry run shows each node's installed and running
+  kubelet;
+- a containerd pin rolled on one node restarts containerd on the new release, keeping its
+  images, and leaves the others as they were.
 """
 
 from __future__ import annotations
@@ -42,6 +50,14 @@ from tests.lab.cluster_helpers import PREFIX, TAINT_KEY, Cluster, PlaybookRun
 from tests.lab.conftest import print_past_capture, running_lab, ssh
 
 OLD, NEW = "550.90.07", "550.90.12"  # both in the lab's Debian 12 CUDA repository
+# Kubernetes and containerd.io: the previous releases the nodes start on, the current ones the
+# later rolls move them to (the lab builds both of each: lab/kube/build.py, lab/runtime/build.py).
+KUBE_OLD, KUBE_NEW = "1.37.1-1.1", "1.37.2-1.1"
+CONTAINERD_OLD, CONTAINERD_NEW = "2.2.8-1~debian.12~bookworm", "2.2.9-1~debian.12~bookworm"
+# What each Node reports running (status.nodeInfo).
+KUBELET_OLD, KUBELET_NEW = "v1.37.1", "v1.37.2"
+RUNTIME_OLD, RUNTIME_NEW = "containerd://2.2.8", "containerd://2.2.9"
+KUBEADM_TASK = "Run kubeadm upgrade node"
 NODES = ("node1", "node2", "node3", "node4")
 STATE, DETAIL = f"{PREFIX}/upgrade-state", f"{PREFIX}/upgrade-detail"
 UPGRADING_TASK = "Record that the node is being upgraded"
@@ -58,6 +74,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory,
     with running_lab(fleet="upgrade", converged=True) as state:
         cluster = Cluster(state, paths, tmp_path_factory.mktemp("upgrade"),
                           tmp_path_factory.mktemp("vault"))
+        # The pool starts on the previous Kubernetes and containerd releases (the converged
+        # snapshot has the current ones: this site.yml moves the packages back before the join).
+        set_pins(cluster, NODES, kubelet_version=KUBE_OLD, containerd_version=CONTAINERD_OLD)
         site = cluster.playbook("site.yml", label="site.yml")
         assert site.rc == 0, {h: site.failures(h) for h in (*NODES, "localhost")}
         for host in NODES:
@@ -71,15 +90,20 @@ def lab(tmp_path_factory: pytest.TempPathFactory,
                                 f"({'; '.join(cluster.log)})")
 
 
-def set_pin(cluster: Cluster, version: str) -> None:
-    """Change the driver pin in the inventory, as an SRE does before a roll (the lab's
-    generated hosts.yml: host variables beat the pool's group_vars)."""
+def set_pins(cluster: Cluster, hosts: tuple[str, ...], **pins: str) -> None:
+    """Change pins in the inventory, as an SRE does before a roll (the lab's generated
+    hosts.yml: host variables beat the pool's group_vars)."""
     path = cluster.paths.inventory_dir / "hosts.yml"
     doc = yaml.safe_load(path.read_text())
-    for host in doc["all"]["children"]["gpu_nodes"]["children"]["pool_h100_sxm"]["hosts"]:
-        doc["all"]["children"]["gpu_nodes"]["children"]["pool_h100_sxm"]["hosts"][host][
-            "nvidia_driver_version"] = version
+    pool = doc["all"]["children"]["gpu_nodes"]["children"]["pool_h100_sxm"]["hosts"]
+    for host in hosts:
+        pool[host].update(pins)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def set_pin(cluster: Cluster, version: str) -> None:
+    """The driver pin of the pool's every node."""
+    set_pins(cluster, NODES, nvidia_driver_version=version)
 
 
 def driver(cluster: Cluster, host: str) -> str:
@@ -283,7 +307,8 @@ def test_an_interrupted_roll_resumes_and_skips_the_nodes_at_the_pin(lab: Cluster
     lines = plan_lines(run)
     assert lines[0].startswith("upgrade plan: 2 of 4 node(s) to upgrade"), lines
     assert "  node3: its last roll stopped at failed" in lines
-    assert "node1: at the pins, not drained" in lines
+    assert (f"node1: at the pins (runs kubelet {KUBELET_OLD}, "
+            f"{RUNTIME_OLD}), not drained") in lines
     node4 = lab.node("node4")
     assert node4["spec"]["unschedulable"] is True
     assert node4["metadata"]["annotations"][STATE] in ("drained", "upgrading")
@@ -316,3 +341,79 @@ def test_a_roll_with_nothing_to_do_changes_nothing(lab: Cluster) -> None:
     assert {h: view(n) for h, n in nodes(lab).items()} == {h: view(n) for h, n in before.items()}
     assert all(admitted(n) for n in nodes(lab).values())
     assert pods_on(lab) == pods  # the same Pods: nothing evicted
+
+
+def running(cluster: Cluster, host: str) -> tuple[str, str]:
+    info = cluster.node(host)["status"]["nodeInfo"]
+    return info["kubeletVersion"], info["containerRuntimeVersion"]
+
+
+def started_after_install(cluster: Cluster, host: str, unit: str, package: str) -> bool:
+    """Whether ``unit``'s main process started after dpkg last unpacked ``package`` (its
+    file list's mtime): the running binary is the installed one."""
+    proc = ssh(cluster.state.host(host).address,
+               f"systemctl show -p ExecMainStartTimestampMonotonic --value {unit}; "
+               f"stat -c %Y /var/lib/dpkg/info/{package}.list; cat /proc/uptime; date +%s")
+    assert proc.returncode == 0, proc.stderr
+    start_us, installed, uptime, now = proc.stdout.split("\n")[:4]
+    boot = int(now) - float(uptime.split()[0])
+    return boot + int(start_us) / 1e6 > int(installed)
+
+
+def test_a_kubernetes_patch_roll_runs_the_new_kubelet_on_every_node(lab: Cluster) -> None:
+    """Issue 40: a new kubelet pin is a node upgrade (drain, packages, `kubeadm upgrade node`,
+    the kubelet restarted, validation, the gate), not a package swap under a running kubelet:
+    the plan reads what each Node's kubelet reports besides what dpkg has, and after the roll
+    every Node reports the new kubeletVersion from a kubelet that started after its package
+    changed, the workload never below its budget."""
+    assert {running(lab, h)[0] for h in NODES} == {KUBELET_OLD}
+    set_pins(lab, NODES, kubelet_version=KUBE_NEW)
+    check = lab.playbook("upgrade.yml", extravars=POOL, cmdline="--check",
+                         label="upgrade.yml --check (kubelet)")
+    assert check.rc == 0, {h: check.failures(h) for h in NODES}
+    lines = plan_lines(check)
+    assert lines[0].startswith("upgrade plan: 4 of 4 node(s) to upgrade"), lines
+    # What is installed and what runs, per node (the earlier rolls' state follows).
+    wanted = (f"  node1: kubelet, kubeadm, kubectl {KUBE_OLD} -> {KUBE_NEW}; "
+              f"kubelet running {KUBELET_OLD} -> {KUBELET_NEW}")
+    assert any(line == wanted or line.startswith(wanted + " (") for line in lines), lines
+    boots0 = {h: boots(lab, h) for h in NODES}
+    with fewest_ready(lab) as fewest:
+        run = lab.playbook("upgrade.yml", extravars=POOL, label="roll (kubelet)")
+    assert run.rc == 0, {h: run.failures(h) for h in NODES}
+    assert fewest[0] >= len(NODES) - 1, fewest
+    assert order(run, DRAIN_TASK) == list(NODES)
+    assert order(run, KUBEADM_TASK) == list(NODES)  # kubeadm's node upgrade, node by node
+    for host in NODES:
+        assert running(lab, host)[0] == KUBELET_NEW, host
+        assert started_after_install(lab, host, "kubelet", "kubelet"), host
+        assert boots(lab, host) == boots0[host]  # a kubelet upgrade needs no reboot
+        node = lab.node(host)
+        assert admitted(node) and node["metadata"]["annotations"][STATE] == "done", host
+    kube_pods.wait_for("one Ready Pod per node again",
+                       lambda: sorted(pods_on(lab)) == list(NODES), 120)
+
+
+def test_a_containerd_roll_on_one_node_restarts_containerd_on_the_new_release(
+        lab: Cluster) -> None:
+    """Issue 40: a containerd pin rolled on one node: drained, containerd.io upgraded and
+    containerd restarted as its package does, the Node reporting the new runtime; the node's
+    images and containerd state kept; the other nodes untouched."""
+    before = nodes(lab)
+    set_pins(lab, ("node1",), containerd_version=CONTAINERD_NEW)
+    with fewest_ready(lab) as fewest:
+        run = lab.playbook("upgrade.yml", extravars={"upgrade_limit": "node1"},
+                           label="roll (containerd, node1)")
+    assert run.rc == 0, run.failures("node1")
+    assert fewest[0] >= len(NODES) - 1, fewest
+    assert order(run, DRAIN_TASK) == ["node1"]
+    assert running(lab, "node1")[1] == RUNTIME_NEW
+    assert started_after_install(lab, "node1", "containerd", "containerd.io")
+    # The lab's image, imported before the upgrade, is still in containerd's store.
+    listed = ssh(lab.state.host("node1").address, "ctr -n k8s.io images ls -q")
+    assert images.IMAGE in listed.stdout.split(), listed.stdout
+    after = nodes(lab)
+    assert admitted(after["node1"]) and after["node1"]["metadata"]["annotations"][STATE] == "done"
+    for host in ("node2", "node3", "node4"):
+        assert view(after[host]) == view(before[host]), host
+        assert running(lab, host)[1] == RUNTIME_OLD, host

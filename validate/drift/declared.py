@@ -29,6 +29,7 @@ _DECLARED: dict[str, Callable[[DesiredState], Any]] = {
     desired.KERNEL_MODULES: lambda d: d.drift.kernel_modules,
     desired.RUNTIME_NAME: lambda d: d.drift.runtime_name,
     desired.CONTAINERD_PIN: lambda d: d.pins.containerd_version,
+    desired.CONTAINERD_SOURCE: lambda d: d.pins.containerd_source,
     desired.TOOLKIT_PIN: lambda d: d.pins.toolkit_version,
     desired.TOOLKIT_PACKAGES: lambda d: d.pins.toolkit_packages,
     desired.KUBELET_PIN: lambda d: d.pins.kubelet_version,
@@ -69,6 +70,13 @@ def role_constant(role: str, var: str) -> str | None:
     when absent or templated."""
     value = _role_constants(role).get(var)
     return value if isinstance(value, str) and "{{" not in value else None
+
+
+def role_constant_map(role: str, var: str) -> dict[str, Any] | None:
+    """A plain mapping of ``roles/<role>/vars/main.yml`` (e.g. a package per source); None when
+    absent or not a mapping."""
+    value = _role_constants(role).get(var)
+    return dict(value) if isinstance(value, dict) else None
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from validate import desired
-from validate.drift.declared import as_list, declared, os_values
+from validate.drift.declared import as_list, declared, os_values, role_constant_map
 from validate.inventory import Node
 from validate.parsers.dpkg_query import DpkgPackage
 
@@ -86,7 +86,11 @@ def package_pins(node: Node) -> tuple[PackagePin, ...]:
         pins.append(_dcgm(node.desired.pins.dcgm_version))
     containerd = str(declared(node, "containerd", desired.CONTAINERD_PIN) or "")
     if containerd:
-        name = _same_on_every_os("containerd", "_containerd_package", "containerd")
+        source = str(declared(node, "containerd", desired.CONTAINERD_SOURCE) or "")
+        name = (role_constant_map("containerd", "_containerd_packages") or {}).get(source)
+        if not name:
+            raise PinError(f"containerd: no package for containerd_source {source!r} in "
+                           "roles/containerd/vars/main.yml (_containerd_packages)")
         pins.append(PackagePin("containerd", (str(name),), containerd))
     for role, version_var, packages_var in (
             ("nvidia_container_toolkit", desired.TOOLKIT_PIN, desired.TOOLKIT_PACKAGES),

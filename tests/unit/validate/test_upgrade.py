@@ -268,7 +268,12 @@ def test_finish_uncordons_only_what_the_gate_admitted(cluster: LocalApiServer,
     assert u1.spec.unschedulable is True
     assert u1.metadata.annotations[f"{P}/upgrade-state"] == "failed"
     assert "taint upgrading" in u1.metadata.annotations[f"{P}/upgrade-detail"]
-    # As the gate admits a node: label passed, taint lifted. Then finish uncordons it.
+    # As the gate admits a node: label passed, taint lifted; and its kubelet reports the pinned
+    # release (finish compares what runs with the pins). Then finish uncordons it.
+    kubelet_pin = upgrade.running_pins(upgrade.load(inventory, "u1")[0])[0]
+    assert kubelet_pin
+    version = "v" + ".".join(map(str, upgrade.release(kubelet_pin) or ()))
+    api.patch_node_status("u1", {"status": {"nodeInfo": {"kubeletVersion": version}}})
     api.patch_node("u1", {"metadata": {"labels": {f"{P}/validation": "passed"}},
                           "spec": {"taints": [t for t in api.api_client
                                               .sanitize_for_serialization(u1.spec.taints)
@@ -347,7 +352,9 @@ def test_a_node_whose_driver_cannot_be_read_is_unreadable_not_at_the_pins(
 # The converged lab node's dpkg database (real dpkg output; its vendor packages are the lab's
 # simulated ones): containerd 1.6.20~ds1-1+deb12u3, the toolkit at 1.17.3-1, kubelet, kubeadm
 # and kubectl at 1.30.5-1.1, no DCGM; its driver packages at 550.90.07.
+# The captured host ran the distribution's containerd (Debian 12's 1.6).
 AT_CAPTURE = {"nvidia_driver_version": "550.90.07", "containerd_version": "1.6.20~ds1-1+deb12u3",
+              "containerd_source": "distribution",
               "nvidia_container_toolkit_version": "1.17.3-1", "kubelet_version": "1.30.5-1.1"}
 MODULE_550 = {("cat", "/sys/module/nvidia/version"): _out("550.90.07\n")}
 HALF_CONFIGURED = "dpkg-query/dpkg-1.21.22-debian12-kubelet-half-configured-held.txt"
@@ -445,3 +452,81 @@ def test_a_node_whose_dpkg_database_cannot_be_read_is_unreadable(fixtures_dir: P
     at_pins.packages = None
     assert upgrade.versions_from(node, at_pins) == (
         [], "packages: the dpkg database could not be read")
+
+
+def test_the_vendor_source_pins_docker_s_containerd_io(fixtures_dir: Path) -> None:
+    """containerd_source vendor (the role's default): the pin is containerd.io's, which the
+    captured host (the distribution's containerd) does not have."""
+    seen = _probe(fixtures_dir, pin="550.90.07", over=MODULE_550)
+    node = _node(**{**AT_CAPTURE, "containerd_source": "vendor",
+                    "containerd_version": "2.2.9-1~debian.12~bookworm"})
+    assert upgrade.versions_from(node, seen) == (
+        ["containerd.io absent -> 2.2.9-1~debian.12~bookworm"], "")
+
+
+def test_what_a_node_runs_is_read_beside_what_it_has() -> None:
+    """A package at its pin does not make it run: the kubelet and containerd the Node reports
+    (status.nodeInfo) are compared with the pins' releases."""
+    node = _node(**{**AT_CAPTURE, "containerd_source": "vendor",
+                    "containerd_version": "2.2.9-1~debian.12~bookworm",
+                    "kubelet_version": "1.37.2-1.1"})
+    pins_ = upgrade.running_pins(node)
+    assert pins_ == ("1.37.2-1.1", "2.2.9-1~debian.12~bookworm")
+    new = upgrade.Running("v1.37.2", "containerd://2.2.9")
+    assert upgrade.running_differences(*pins_, new) == []
+    old = upgrade.Running("v1.37.1", "containerd://2.2.8")
+    assert upgrade.running_differences(*pins_, old) == [
+        "kubelet running v1.37.1 -> v1.37.2",
+        "containerd running 2.2.8 -> 2.2.9"]
+    assert upgrade.running_differences(*pins_, upgrade.Running()) == [
+        "kubelet running unknown -> v1.37.2",
+        "containerd running unknown -> 2.2.9"]
+
+
+def test_the_version_skew_policy_refuses_a_pin_before_anything_changes(
+        cluster: LocalApiServer, tmp_path: Path) -> None:
+    """On a real kube-apiserver (v1.37.2): a kubelet pin newer than it, or more than three
+    minors older, is refused by the plan before any node is probed, drained or patched; three
+    minors older is allowed."""
+    api = core_api(cluster)
+    before = {n: node(api, n).metadata.resource_version for n in NODES}
+    for pin, why in (("1.38.0-1.1", "is newer than the API server (v1.37.2): the kubelet "
+                                    "must not be newer than kube-apiserver"),
+                     ("1.37.3-1.1", "is newer than the API server (v1.37.2)"),
+                     ("1.33.9-1.1", "is more than 3 minor versions older than the API server "
+                                    "(v1.37.2)")):
+        inv = write_inventory(tmp_path / pin, ("u1",), prefix=P, kubeconfig=cluster.kubeconfig,
+                              extra={"kubelet_kubernetes_minor": pin[:4],
+                                     "kubelet_version": pin})
+        rc, out, err = upgrade_cli(inv, "plan")
+        assert rc == ExitCode.USAGE_OR_TOOL_ERROR, (pin, out, err)
+        assert "the version skew policy refuses these pins (nothing was changed)" in err, err
+        assert f"u1: kubelet_version {pin} {why}" in err, err
+        assert out == ""
+    assert upgrade.skew_refusals(
+        [_node(kubelet_version="1.34.0-1.1")], "v1.37.2") == []  # three minors: allowed
+    assert {n: node(api, n).metadata.resource_version for n in NODES} == before
+
+
+def test_finish_keeps_out_a_node_whose_kubelet_still_runs_the_old_release(
+        cluster: LocalApiServer, inventory: Path) -> None:
+    """The gate admitted the node, but its kubelet reports the old release (the package was
+    upgraded, the process not restarted): finish waits a moment for the kubelet to report,
+    then records it failed and leaves it cordoned; once the Node reports the pin, it is done."""
+    api = core_api(cluster)
+    api.patch_node("u4", {"metadata": {"labels": {f"{P}/validation": "passed"}},
+                          "spec": {"unschedulable": True}})
+    api.patch_node_status("u4", {"status": {"nodeInfo": {"kubeletVersion": "v1.37.1"}}})
+    uapi = upgrade.UpgradeApi(cluster.kubeconfig)
+    out = io.StringIO()
+    rc = upgrade.finish(uapi, "u4", P, out, expect=("1.37.2-1.1", None), wait_s=1.0,
+                        sleep=lambda _s: None)
+    assert rc == ExitCode.CHECK_FAILED
+    assert "u4: kubelet running v1.37.1 -> v1.37.2" in out.getvalue()
+    u4 = node(api, "u4")
+    assert u4.spec.unschedulable is True
+    assert u4.metadata.annotations[f"{P}/upgrade-state"] == "failed"
+    api.patch_node_status("u4", {"status": {"nodeInfo": {"kubeletVersion": "v1.37.2"}}})
+    out = io.StringIO()
+    assert upgrade.finish(uapi, "u4", P, out, expect=("1.37.2-1.1", None)) == ExitCode.OK
+    assert not node(api, "u4").spec.unschedulable
