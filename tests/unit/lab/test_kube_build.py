@@ -7,6 +7,7 @@ writes each -o file): a real build takes a quarter of an hour and is what `make 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import gobuild
 from lab.errors import LabError
 from lab.kube import build
 from lab.paths import REPO_ROOT
@@ -106,9 +108,12 @@ def test_cache_is_outside_the_checkout_and_keyed_by_release_and_go_sum(
 
     key = build.build_key()
     assert key.startswith(f"{VERSION}-") and key == build.build_key()
-    changed = tmp_path / "go.sum"
-    changed.write_text(build.GO_SUM.read_text() + "example.com/x v1.0.0 h1:AAAA=\n")
-    monkeypatch.setattr(build, "GO_SUM", changed)
+    # The same module with one more go.sum line: another key.
+    changed = tmp_path / "module"
+    changed.mkdir()
+    (changed / "go.mod").write_text(build.CURRENT.go_mod.read_text())
+    (changed / "go.sum").write_text(build.GO_SUM.read_text() + "example.com/x v1.0.0 h1:AAAA=\n")
+    monkeypatch.setattr(build, "CURRENT", dataclasses.replace(build.CURRENT, module_dir=changed))
     assert build.build_key() != key
 
 
@@ -164,16 +169,22 @@ def test_two_builders_build_once_and_both_get_the_whole_build(
     assert first.returncode == 0 and second.returncode == 0, err1 + err2
     target = tmp_path / "cache" / build.build_key()
     assert out1.strip() == out2.strip() == str(target / "bin")
-    assert len(log.read_text().splitlines()) == len(build.BINARIES)  # built once
+    # Built once: the pinned release's binaries and the previous patch release's three.
+    builds = len(build.BINARIES) + len(build.PREVIOUS_BINARIES)
+    assert len(log.read_text().splitlines()) == builds
+    previous = tmp_path / "cache" / build.PREVIOUS.key() / "bin"
+    assert sorted(p.name for p in previous.iterdir()) == sorted(
+        b.name for b in build.PREVIOUS_BINARIES)
     assert sorted(p.name for p in (target / "bin").iterdir()) == sorted(
         b.name for b in build.BINARIES)
     assert (target / "bin" / "kubelet").read_text() == "binary 1\n"  # cgo, as upstream
     assert (target / "bin" / "kube-apiserver").read_text() == "binary 0\n"
-    assert (target / build.MANIFEST).is_file()
+    assert (target / gobuild.MANIFEST).is_file()
     assert [p.name for p in target.parent.iterdir() if ".building" in p.name] == []
     # Built: a third run compiles nothing.
     assert build.ensure_built(log=False) == target / "bin"
-    assert len(log.read_text().splitlines()) == len(build.BINARIES)
+    assert build.ensure_previous_built(log=False) == previous
+    assert len(log.read_text().splitlines()) == builds
 
 
 def test_a_failed_build_names_the_binary_and_leaves_no_partial_build(

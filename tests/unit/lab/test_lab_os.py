@@ -93,7 +93,8 @@ def test_lab_inventory_pins_debian_13_apart() -> None:
     assert debian13["nvidia_driver_version"].startswith(debian13["nvidia_driver_branch"] + ".")
     # Every repository in the lab is trusted through the key the lab made, never a vendor's.
     pinned = [k for k in everyone if k.endswith("_repo_key_fingerprint")]
-    assert len(pinned) == 4
+    # The driver, containerd (Docker's containerd.io), the toolkit, the kubelet, the tools.
+    assert len(pinned) == 5
     assert {everyone[k] for k in pinned} == {"{{ gpuready_lab_repo_key_fingerprint }}"}
 
 
