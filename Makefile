@@ -32,14 +32,17 @@ LAB_INOTIFY_INSTANCES := 1024
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(STAMP_PY) $(STAMP_DEBS) ## .venv, pinned Python deps, the lab's Debian packages, Kubernetes, containerd and runc built from source
+setup: $(STAMP_PY) $(STAMP_DEBS) ## .venv, pinned Python deps, the lab's Debian packages, Kubernetes, containerd, runc and Kueue built from source
 	@# The pinned Kubernetes release and its etcd, and the previous patch release's kubelet,
 	@# kubeadm and kubectl, built from the Go module proxy once per machine into
 	@# ~/.cache/gpuready/kube (lab/kube/build.py): 20-25 minutes on 2 cores the first time,
 	@# nothing after that until a go.mod or go.sum changes. containerd 2 (two releases) and runc
 	@# likewise into ~/.cache/gpuready/runtime (lab/runtime/build.py): 5-10 minutes the first time.
+	@# Kueue's manager at the release the cluster layer pins into ~/.cache/gpuready/kueue
+	@# (lab/kueue/build.py): about 9 minutes the first time.
 	$(PY) -m lab.kube.build
 	$(PY) -m lab.runtime.build --quiet
+	$(PY) -m lab.kueue.build --quiet
 	@# Each booted lab host holds 8 inotify instances (lab/limits.py) and the largest test fleet
 	@# has 16: with the common default of 128 those alone would use all of them. Raised for this
 	@# boot only (not persisted); where it cannot be raised, `lab up` names the limit and refuses.

@@ -145,6 +145,9 @@ def kubeadm_config(cp: LabHost, version: str) -> str:
                 {"name": "etcd-servers", "value": etcd_client},
                 {"name": "audit-policy-file", "value": AUDIT_POLICY},
                 {"name": "audit-log-path", "value": AUDIT_LOG},
+                # No kube-proxy routes a Service's ClusterIP here: webhooks and aggregated APIs
+                # (Kueue's) are reached through their Service's endpoints instead.
+                {"name": "enable-aggregator-routing", "value": "true"},
             ],
         },
         "controllerManager": {"extraArgs": [{"name": "bind-address", "value": addr}]},

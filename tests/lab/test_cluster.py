@@ -30,6 +30,7 @@ its profile requires (a run of ``gpu.*`` alone could keep node2 out but never ad
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -44,6 +45,7 @@ import pytest
 from lab import controlplane, core, hosts
 from lab.kube import images
 from lab.kube.cluster import ca_file
+from lab.kueue import install as kueue_install
 from lab.paths import REPO_ROOT, LabPaths
 from tests.lab import kube_pods
 from tests.lab.cluster_helpers import PREFIX, TAINT_KEY, Cluster, PlaybookRun
@@ -55,6 +57,10 @@ from validate.model import ExitCode
 # The join itself is a no_log task (ansible-core 2.19 censors its result, "changed" included);
 # the task that removes the JoinConfiguration after it shows that the join ran.
 JOINED_TASK = "Remove the JoinConfiguration (it holds the token)"
+# The lab inventory's research team (inventory/lab/group_vars/all/cluster.yml) and the
+# acceptance Job the cluster layer renders for its pool.
+TEAM = "research"
+ACCEPTANCE_JOB = "acceptance-pool-h100-sxm"
 
 
 @pytest.fixture(scope="module")
@@ -457,6 +463,161 @@ def test_the_cluster_layer_applies_on_the_lab_control_plane(cluster: Cluster,
     assert re.match(r"cluster: 0 created, 0 configured, 0 deleted, \d+ unchanged; ",
                     out.getvalue().splitlines()[-1]), out.getvalue()
     cluster.log.append(f"cluster apply (CRDs, two applies): {time.monotonic() - started:.0f} s")
+
+
+def _job(name: str, queue: str | None, gpus: int) -> dict[str, Any]:
+    """A Job of the lab's image in the research team's namespace (host network, image never
+    pulled: lab/kube/images.py), with the queue label a team's job carries when it has one."""
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    resources = {"requests": {"nvidia.com/gpu": str(gpus)},
+                 "limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": TEAM, "labels": labels},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "hostNetwork": True,
+            "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "work", "image": images.IMAGE, "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", "echo done"], "resources": resources,
+                            "securityContext": {"allowPrivilegeEscalation": False,
+                                                "capabilities": {"drop": ["ALL"]}}}]}}},
+    }
+
+
+@contextlib.contextmanager
+def _host_network_allowed(cluster: Cluster) -> Iterator[None]:
+    """The team namespace's Pod Security at `privileged` for the duration, then back at
+    `restricted` as `cluster apply` set it: the lab's Pods must use the host's network (its CNI
+    cannot make a network namespace, kube_pods.sleep_pod), which `restricted` forbids; the
+    Jobs below meet every other rule of `restricted`."""
+    label = "pod-security.kubernetes.io/enforce"
+    proc = kube_pods.kubectl(cluster.kubeconfig, "label", "namespace", TEAM,
+                             f"{label}=privileged", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    try:
+        yield
+    finally:
+        proc = kube_pods.kubectl(cluster.kubeconfig, "label", "namespace", TEAM,
+                                 f"{label}=restricted", "--overwrite")
+        assert proc.returncode == 0, proc.stderr
+
+
+def _events(cluster: Cluster) -> str:
+    return kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "get", "events",
+                             "--sort-by=.lastTimestamp").stdout[-3000:]
+
+
+def _create(cluster: Cluster, doc: dict[str, Any]) -> dict[str, Any]:
+    """Create the object; the object as the API server stored it (after the webhooks)."""
+    proc = kube_pods.kubectl(cluster.kubeconfig, "create", "-o", "json", "-f", "-",
+                             stdin=json.dumps(doc))
+    assert proc.returncode == 0, proc.stderr
+    created: dict[str, Any] = json.loads(proc.stdout)
+    return created
+
+
+def _get(cluster: Cluster, kind: str, name: str) -> dict[str, Any]:
+    proc = kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "get", kind, name, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    found: dict[str, Any] = json.loads(proc.stdout)
+    return found
+
+
+def _workload_of(cluster: Cluster, job: str) -> dict[str, Any] | None:
+    proc = kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "get", "workloads.kueue.x-k8s.io",
+                             "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    for item in json.loads(proc.stdout)["items"]:
+        if any(o.get("kind") == "Job" and o.get("name") == job
+               for o in item["metadata"].get("ownerReferences", [])):
+            found: dict[str, Any] = item
+            return found
+    return None
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    found: dict[str, Any] = next((c for c in obj.get("status", {}).get("conditions", [])
+                                  if c["type"] == kind), {})
+    return found
+
+
+def _completed(cluster: Cluster, job: str) -> bool:
+    found = _get(cluster, "job", job)
+    failed = _condition(found, "Failed")
+    assert failed.get("status") != "True", (failed, _events(cluster))
+    return _condition(found, "Complete").get("status") == "True"
+
+
+def test_kueue_admits_queued_jobs_onto_admitted_nodes_only(cluster: Cluster,
+                                                          first_site: PlaybookRun) -> None:
+    """Kueue v0.19.2 for real (its manager built from source, installed from its release's
+    own manifests, webhooks working: lab/kueue/install.py) on the queues `validate cluster
+    apply` made from the lab's inventory: a Job without a queue name is left alone; a queued
+    Job is created suspended, admitted within its team's quota, unsuspended, and its Pod
+    lands on the node the gate admitted (the flavor's node labels), not on the one it kept out;
+    a Job over what the team's ClusterQueue can ever lend it stays suspended, and its Workload
+    says why."""
+    del first_site
+    started = time.monotonic()
+    # The rendered acceptance Job (8 GPUs, an image no lab host has) would take the whole
+    # pool's quota as soon as a Kueue runs; this test is about the queue, not that Job.
+    kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "delete", "job", ACCEPTANCE_JOB,
+                      "--ignore-not-found", "--cascade=foreground")
+    took = kueue_install.install(cluster.paths, cluster.state)
+    cluster.log.append(f"Kueue installed and ready: {took:.0f} s")
+    for name in ("node1", "node2"):
+        images.load(cluster.paths, name)
+    with _host_network_allowed(cluster):
+        _run_jobs(cluster)
+    cluster.log.append(f"Kueue Jobs: {time.monotonic() - started - took:.0f} s")
+
+
+def _run_jobs(cluster: Cluster) -> None:
+    jobs = ("unqueued", "queued", "too-big")
+    try:
+        # Without a queue name: Kueue's webhook lets it through unsuspended, no Workload.
+        unqueued = _create(cluster, _job("unqueued", None, 0))
+        assert unqueued["spec"].get("suspend") is not True, unqueued["spec"]
+        kube_pods.wait_for("unqueued Complete", lambda: _completed(cluster, "unqueued"))
+        assert _workload_of(cluster, "unqueued") is None
+
+        # Queued, 1 GPU: created suspended by Kueue's mutating webhook (the Job asked for
+        # nothing of the kind), then admitted and unsuspended by the manager.
+        queued = _create(cluster, _job("queued", TEAM, 1))
+        assert queued["spec"]["suspend"] is True, queued["spec"]
+        workload = kube_pods.wait_for(
+            "queued admitted",
+            lambda: (w := _workload_of(cluster, "queued"))
+            and _condition(w, "Admitted").get("status") == "True" and w)
+        admission = workload["status"]["admission"]
+        assert admission["clusterQueue"] == TEAM, admission
+        assert admission["podSetAssignments"][0]["flavors"] == {"nvidia.com/gpu": "pool-h100-sxm"}
+        kube_pods.wait_for("queued Complete", lambda: _completed(cluster, "queued"))
+        pods = json.loads(kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "get", "pods", "-l",
+                                            "job-name=queued", "-o", "json").stdout)["items"]
+        assert [p["spec"]["nodeName"] for p in pods] == ["node1"], pods
+        selector = pods[0]["spec"]["nodeSelector"]
+        assert selector[f"{PREFIX}/validation"] == "passed", selector
+        assert selector[f"{PREFIX}/pool"] == "pool_h100_sxm", selector
+
+        # 9 GPUs: over the research queue's 4 nominal + 4 it may borrow from its cohort.
+        too_big = _create(cluster, _job("too-big", TEAM, 9))
+        assert too_big["spec"]["suspend"] is True
+        pending = kube_pods.wait_for(
+            "too-big evaluated",
+            lambda: (w := _workload_of(cluster, "too-big"))
+            and _condition(w, "QuotaReserved").get("status") == "False" and w)
+        message = _condition(pending, "QuotaReserved")["message"]
+        assert "insufficient quota for nvidia.com/gpu" in message, message
+        assert _get(cluster, "job", "too-big")["spec"]["suspend"] is True
+        assert _condition(pending, "Admitted").get("status") != "True"
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nevents in {TEAM}:\n{_events(cluster)}") from exc
+    finally:
+        kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "delete", "job", *jobs,
+                          "--ignore-not-found", "--wait=false")
 
 
 def test_the_join_token_appears_nowhere(cluster: Cluster, first_site: PlaybookRun) -> None:

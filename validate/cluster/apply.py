@@ -16,7 +16,8 @@ acceptance Job is a run, so an existing one is left as it is (delete it to run i
 
 It needs the GPU Operator's and Kueue's CRDs installed (pinned releases: validate.cluster.render)
 and checks that the server serves every kind before it writes; the controllers that act on the
-objects are not its business (none runs in the gpuready lab: no images can be pulled there).
+objects are not its business (the lab runs Kueue's, built from source: lab/kueue; no GPU
+Operator can run there).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ FIELD_MANAGER = MANAGER
 APPLY_PATCH = "application/apply-patch+yaml"
 SELECTOR = f"{MANAGED_BY}={MANAGER}"
 CONTROLLERS_NOTE = ("these are objects only: the GPU Operator and Kueue controllers act on "
-                    "them once installed (none runs in the gpuready lab: no images can be "
-                    "pulled there)")
+                    "them once installed (the gpuready lab runs Kueue's manager, built from "
+                    "source, and no GPU Operator: no images can be pulled there)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from lab.kube import build
+from lab.kueue import build as kueue_build
 from lab.runtime import build as runtime_build
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,13 +58,15 @@ def test_every_built_component_is_a_real_row_and_never_simulated() -> None:
     simulated = set().union(*(names(c) for c, kind, _ in table() if kind == "SIMULATED"))
     for builder, binaries in (("lab/kube/build.py", build.BINARIES),
                               ("lab/runtime/build.py", (*runtime_build.CONTAINERD_BINARIES,
-                                                        *runtime_build.RUNC_BINARIES))):
+                                                        *runtime_build.RUNC_BINARIES)),
+                              ("lab/kueue/build.py", kueue_build.BINARIES)):
         built = {b.name for b in binaries}
         assert built - real == set(), f"components {builder} builds that no real row names"
         assert built & simulated == set(), "built components the table calls SIMULATED"
         assert all(builder in w for c, kind, w in table()
                    if kind == "real" and names(c) & built)
-    assert {"kubelet", "kubeadm", "kubectl", "kube-scheduler", "containerd", "runc"} <= real
+    assert {"kubelet", "kubeadm", "kubectl", "kube-scheduler", "containerd", "runc",
+            "kueue"} <= real
 
 
 def test_the_prose_calls_no_built_component_simulated() -> None:

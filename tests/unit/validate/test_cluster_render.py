@@ -38,7 +38,7 @@ def test_render_staging_writes_every_object_in_apply_order(tmp_path: Path) -> No
                              "-o", str(tmp_path / "out"))
     assert (code, err) == (ExitCode.OK, "")
     assert "3 pool(s), 3 team(s)" in out
-    assert "none runs in the gpuready lab" in out
+    assert "no GPU Operator: no images can be pulled there" in out
     docs = rendered(tmp_path / "out")
     assert list(docs)[:5] == ["Namespace research", "Namespace platform",
                               "Namespace inference-serving",

@@ -1,0 +1,2 @@
+"""Kueue for the lab: its manager built from source (build.py), installed as its release
+installs it (install.py)."""
