@@ -127,13 +127,8 @@ def evict(kubeconfig: Path, ca_file: Path, tmp: Path, name: str, namespace: str 
           ) -> tuple[int, dict[str, Any]]:
     """POST pods/<name>/eviction as the kubeconfig's user; (HTTP status, body)."""
     config = yaml.safe_load(kubeconfig.read_text())
-    user = config["users"][0]["user"]
-    pem = tmp / "client.pem"
-    pem.write_bytes(base64.b64decode(user["client-certificate-data"])
-                    + base64.b64decode(user["client-key-data"]))
-    pem.chmod(0o600)
     context = ssl.create_default_context(cafile=str(ca_file))
-    context.load_cert_chain(str(pem))
+    context.load_cert_chain(str(_client_pem(config, tmp / "client.pem")))
     server = config["clusters"][0]["cluster"]["server"]
     body = json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
                        "metadata": {"name": name, "namespace": namespace}}).encode()
@@ -154,15 +149,19 @@ def kubelet_metrics(kubeconfig: Path, address: str, tmp: Path) -> str:
     machine's own address (the kubelet refuses a loopback --node-ip), where no kubelet
     listens. The kubelet's serving certificate is self-signed: not verified here."""
     config = yaml.safe_load(kubeconfig.read_text())
-    user = config["users"][0]["user"]
-    pem = tmp / "kubelet-client.pem"
-    pem.write_bytes(base64.b64decode(user["client-certificate-data"])
-                    + base64.b64decode(user["client-key-data"]))
-    pem.chmod(0o600)
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    context.load_cert_chain(str(pem))
+    context.load_cert_chain(str(_client_pem(config, tmp / "kubelet-client.pem")))
     with urllib.request.urlopen(f"https://{address}:10250/metrics", context=context,
                                 timeout=30) as response:
         return response.read().decode()
+
+
+def _client_pem(config: dict[str, Any], pem: Path) -> Path:
+    """The kubeconfig's first user's client certificate and key, in one PEM file (0600)."""
+    user = config["users"][0]["user"]
+    pem.write_bytes(base64.b64decode(user["client-certificate-data"])
+                    + base64.b64decode(user["client-key-data"]))
+    pem.chmod(0o600)
+    return pem
