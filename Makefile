@@ -21,7 +21,7 @@ STAMP_PY := $(VENV)/.installed-requirements
 UV_VERSION := 0.13.9
 STAMP_DEBS := .lab/.installed-debs
 BESIDE_LOG := .lab/test-beside.log
-TIMES_LAB := .lab/test-times-lab.json
+TIMES_LAB := .lab/test-times-lab
 TIMES_UNIT := .lab/test-times-unit.json
 PYTEST_ARGS ?=
 NODES ?= 8
@@ -111,16 +111,18 @@ test: setup lint-tree ## everything CI runs: lint, unit and lab tests (lint-code
 	@# walking the checkout, where the lab writes while it runs (a rootfs being built has /proc
 	@# mounted under it; the lab inventory comes and goes), so they run first. The output of what
 	@# ran beside is held in $(BESIDE_LOG) and shown when the lab tests end; make test fails if
-	@# either part failed. It ends with each lab module's and the unit suite's wall time
-	@# (tests/conftest.py writes them, tools/ci_times.py prints the table).
-	@mkdir -p .lab; rm -f $(TIMES_LAB) $(TIMES_UNIT); \
+	@# either part failed. The lab tests run as two labs at once (tools/lab_tests.py: a second
+	@# session with its own lab, in a copy of the checkout's files). It ends with each lab
+	@# module's and the unit suite's wall time (tests/conftest.py writes them, tools/ci_times.py
+	@# prints the table).
+	@mkdir -p .lab; rm -f $(TIMES_LAB)-first.json $(TIMES_LAB)-second.json $(TIMES_UNIT); \
 	( $(MAKE) --no-print-directory lint-code && \
 	  GPUREADY_TEST_TIMES=$(TIMES_UNIT) $(PY) -m pytest tests/unit -q $(PYTEST_ARGS) ) \
 	  > $(BESIDE_LOG) 2>&1 & beside=$$!; \
-	lab_rc=0; GPUREADY_TEST_TIMES=$(TIMES_LAB) $(PY) -m pytest tests/lab -q $(PYTEST_ARGS) || lab_rc=$$?; \
+	lab_rc=0; $(PY) -m tools.lab_tests --times $(TIMES_LAB) $(PYTEST_ARGS) || lab_rc=$$?; \
 	beside_rc=0; wait $$beside || beside_rc=$$?; \
 	echo "== lint-code and unit tests (run beside the lab tests; $(BESIDE_LOG)):"; cat $(BESIDE_LOG); \
-	echo "== make test: wall time per part"; $(PY) -m tools.ci_times $(TIMES_LAB) $(TIMES_UNIT) || true; \
+	echo "== make test: wall time per part"; $(PY) -m tools.ci_times $(TIMES_LAB)-first.json $(TIMES_LAB)-second.json --unit $(TIMES_UNIT) || true; \
 	echo "make test: lab tests exit $$lab_rc; lint-code and unit tests exit $$beside_rc"; \
 	[ $$lab_rc -eq 0 ] && [ $$beside_rc -eq 0 ]
 
@@ -143,4 +145,5 @@ docs: $(STAMP_PY) ## regenerate docs/roles.md from the roles' meta/argument_spec
 	$(PY) -m tools.role_reference
 
 clean: lab-down ## stop the lab and remove generated reports (keeps the rootfs cache)
+	$(PY) -m tools.lab_tests --down
 	find reports -mindepth 1 -not -name README.md -exec rm -rf {} +
