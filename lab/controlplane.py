@@ -84,7 +84,11 @@ def boot(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...],
     cp = _real(hosts)
     if cp is None:
         return {}
-    return cluster.init(paths, cp, deadline)
+    times = cluster.init(paths, cp, deadline)
+    for host in hosts:
+        if host.kind != CONTROL_PLANE:
+            cluster.write_device_plugin_access(paths, host)
+    return times
 
 
 def start(paths: LabPaths, hosts: list[LabHost] | tuple[LabHost, ...]) -> None:

@@ -55,8 +55,10 @@ INCLUDE = (
 PREFETCH = ("containerd", "runc", "fio")
 # Installed for the lab's own simulators, not for the roles: the SIMULATED NVIDIA device plugin
 # (lab/sim/device_plugin.py) speaks the kubelet's device plugin gRPC API with Debian's gRPC and
-# protobuf runtimes (grpcio 1.51, protobuf 3.21 on both bookworm and trixie).
-SIM_PACKAGES = ("python3-grpcio", "python3-protobuf")
+# protobuf runtimes (grpcio 1.51, protobuf 3.21 on both bookworm and trixie), and reads its
+# configuration (k8s-device-plugin's YAML config file, from the GPU Operator's ConfigMap) with
+# Debian's PyYAML.
+SIM_PACKAGES = ("python3-grpcio", "python3-protobuf", "python3-yaml")
 
 SSHD_CONF = """\
 # gpuready lab host: keys only; the lab writes ListenAddress per host before first boot.

@@ -34,6 +34,7 @@ etcd, the API server and the controller manager): the ClusterConfiguration says 
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 import ssl
@@ -323,6 +324,9 @@ def init(paths: LabPaths, cp: LabHost, deadline: float) -> dict[str, float]:
                       ADMINS, "--clusterrole=cluster-admin", f"--group={ADMINS}"],
           f"granting {ADMINS} cluster-admin")
     times["kubeadm_cluster_objects_s"] = time.monotonic() - t2
+    t3 = time.monotonic()
+    device_plugin_access(paths, cp)
+    times["device_plugin_access_s"] = time.monotonic() - t3
     admin = root / "etc/kubernetes/admin.conf"
     target = admin_kubeconfig(paths)
     target.write_bytes(admin.read_bytes())
@@ -330,6 +334,75 @@ def init(paths: LabPaths, cp: LabHost, deadline: float) -> dict[str, float]:
     (kube / "init-times.json").write_text(json.dumps({k: round(v, 2) for k, v in times.items()})
                                           + "\n")
     return times
+
+
+# The SIMULATED device plugin's access to the cluster (lab/sim/device_plugin.py): under the GPU
+# Operator the real plugin's config-manager reads its Node's nvidia.com/device-plugin.config
+# label with the plugin's service account and gets the operator's ConfigMap as a volume, and
+# the operator hands it the ClusterPolicy's devicePlugin.config. The lab's plugin runs on the
+# host, not in a Pod, so one service account stands in for all of that: it may read Nodes, the
+# ClusterPolicies and ConfigMaps, nothing else, with a token the lab writes on each kubelet host.
+DEVICE_PLUGIN_ACCOUNT = "gpuready-lab-device-plugin"
+DEVICE_PLUGIN_ACCESS = "/etc/gpuready-lab/device-plugin/kubeconfig"
+DEVICE_PLUGIN_RBAC = "/etc/gpuready-lab/device-plugin-rbac.yaml"
+
+
+def device_plugin_rbac() -> list[dict[str, Any]]:
+    name = f"gpuready-lab:{DEVICE_PLUGIN_ACCOUNT}"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": DEVICE_PLUGIN_ACCOUNT, "namespace": "kube-system"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": name},
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+                   {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"],
+                    "verbs": ["get", "list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": DEVICE_PLUGIN_ACCOUNT,
+                       "namespace": "kube-system"}]},
+    ]
+
+
+def device_plugin_access(paths: LabPaths, cp: LabHost) -> str:
+    """The device plugin's service account, its rights and a token (ten years: the lab's
+    clusters live for a test); returns the kubeconfig the kubelet hosts get (see
+    :func:`write_device_plugin_access`)."""
+    root = paths.host_dir(cp.name) / "merged"
+    manifest = root / DEVICE_PLUGIN_RBAC.lstrip("/")
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(yaml.safe_dump_all(device_plugin_rbac(), sort_keys=False))
+    _exec(paths, cp, ["kubectl", "--kubeconfig", SUPER_ADMIN, "apply", "-f", DEVICE_PLUGIN_RBAC],
+          "the device plugin's service account")
+    token = _exec(paths, cp, ["kubectl", "--kubeconfig", SUPER_ADMIN, "-n", "kube-system",
+                              "create", "token", DEVICE_PLUGIN_ACCOUNT, "--duration=87600h"],
+                  "the device plugin's token").strip()
+    ca = base64.b64encode((root / "etc/kubernetes/pki/ca.crt").read_bytes()).decode()
+    text = yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": CLUSTER_NAME, "cluster": {
+            "server": f"https://{cp.address}:{API_PORT}", "certificate-authority-data": ca}}],
+        "users": [{"name": DEVICE_PLUGIN_ACCOUNT, "user": {"token": token}}],
+        "contexts": [{"name": DEVICE_PLUGIN_ACCOUNT, "context": {
+            "cluster": CLUSTER_NAME, "user": DEVICE_PLUGIN_ACCOUNT}}],
+        "current-context": DEVICE_PLUGIN_ACCOUNT}, sort_keys=False, width=1 << 16)
+    (paths.run / "kube").mkdir(mode=0o700, parents=True, exist_ok=True)
+    access = paths.run / "kube" / "device-plugin.conf"
+    access.write_text(text)
+    access.chmod(0o600)
+    return text
+
+
+def write_device_plugin_access(paths: LabPaths, host: LabHost) -> None:
+    """The device plugin's kubeconfig on a kubelet host (what ``init`` made), 0600."""
+    source = paths.run / "kube" / "device-plugin.conf"
+    target = paths.host_dir(host.name) / "merged" / DEVICE_PLUGIN_ACCESS.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(source.read_bytes())
+    target.chmod(0o600)
 
 
 def is_active(paths: LabPaths, cp: LabHost, component: str = "kube-apiserver") -> bool:

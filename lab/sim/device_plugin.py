@@ -35,6 +35,21 @@ capacity and allocatable:
   commas, and refuses an unknown ID with the real message ("invalid request: unknown device:
   ..."). GetPreferredAllocation takes the required devices, then free ones on the same NUMA node
   first, then by index (SIMULATED: the real one ranks by NVLink topology through NVML).
+- Configuration, as the GPU Operator's config-manager hands it to the real plugin: the
+  ClusterPolicy's ``devicePlugin.config`` names the ConfigMap (in the operator's namespace,
+  $GPUREADY_SIM_OPERATOR_NAMESPACE, default gpu-operator) and its default key; the Node's
+  ``nvidia.com/device-plugin.config`` label picks a key. A configuration with
+  ``sharing.timeSlicing`` replicas of nvidia.com/gpu advertises each GPU that many times, with
+  the real plugin's annotated IDs ``<UUID>::<i>`` (internal/rm/device_map.go
+  updateDeviceMapWithReplicas); Allocate names each GPU once. No ClusterPolicy (or none of its
+  CRD), no access kubeconfig (a fleet without a control plane): the plugin's defaults. A key the
+  ConfigMap lacks, or a configuration it cannot run (MPS, a renamed resource: not simulated),
+  keeps it from starting, as the real config-manager's failure keeps the real plugin from
+  starting. It reads the API every $GPUREADY_SIM_DP_CONFIG_INTERVAL seconds (5) with the lab's
+  service account (lab/kube/cluster.py: a stand-in for the plugin's own service account and
+  ConfigMap volume) and restarts and registers again when the configuration changes, as the
+  real plugin does on the config-manager's SIGHUP; an API server that does not answer keeps the
+  last configuration read.
 - Kubelet restarts: the kubelet removes the sockets in device-plugins/ when it starts and makes
   a new kubelet.sock; like the real plugin (fsnotify on kubelet.sock's Create), it restarts its
   server and registers again when kubelet.sock is a new file (polled each interval: device,
@@ -55,6 +70,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -63,9 +79,10 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 try:  # run from the checkout (unit tests import it)
-    from lab.sim import daemons, lab_kmsg
+    from lab.sim import daemons, kubeclient, lab_kmsg
 except ImportError:  # run as /opt/gpuready-lab/sim/device_plugin.py in a lab host
     import daemons  # type: ignore[no-redef]
+    import kubeclient  # type: ignore[no-redef]
     import lab_kmsg  # type: ignore[no-redef]
 
 SIMULATED = "SIMULATED by the gpuready lab"
@@ -152,14 +169,119 @@ def _file_id(path: Path) -> tuple[int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
+# -- its configuration: what the GPU Operator's config-manager hands the real plugin ---------
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+CLUSTER_POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
+# The lab's stand-in for the plugin's service account (lab/kube/cluster.py writes it on every
+# kubelet host of a fleet with a control plane).
+ACCESS_KUBECONFIG = "/etc/gpuready-lab/device-plugin/kubeconfig"
+OPERATOR_NAMESPACE = "gpu-operator"  # the chart's; $GPUREADY_SIM_OPERATOR_NAMESPACE overrides
+
+
+@dataclass(frozen=True)
+class Config:
+    """The configuration the plugin runs with: its name (the ConfigMap key; "" for the plugin's
+    built-in defaults) and how many replicas of each GPU it advertises (time-slicing)."""
+
+    name: str
+    replicas: int
+
+
+DEFAULT_CONFIG = Config("", 1)
+
+
+class ConfigError(Exception):
+    """A configuration the plugin cannot start with (the config-manager's init would fail)."""
+
+
+def replicas_in(text: str, where: str) -> int:
+    """The time-slicing replicas of nvidia.com/gpu in a k8s-device-plugin config file (v1);
+    1 without a sharing section."""
+    import yaml  # noqa: PLC0415 (Debian's python3-yaml in the host; only this reads YAML)
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not YAML: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("version") != "v1":
+        raise ConfigError(f"{where}: not a device plugin configuration (version: v1)")
+    sharing = doc.get("sharing") or {}
+    if sharing.get("mps"):
+        raise ConfigError(f"{where}: MPS sharing is not simulated")
+    for resource in (sharing.get("timeSlicing") or {}).get("resources") or []:
+        if not isinstance(resource, dict) or resource.get("name") != RESOURCE:
+            continue
+        replicas = resource.get("replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise ConfigError(f"{where}: timeSlicing replicas of {RESOURCE} must be a whole "
+                              f"number of at least 1, not {replicas!r}")
+        if resource.get("rename") or (sharing.get("timeSlicing") or {}).get("renameByDefault"):
+            raise ConfigError(f"{where}: a renamed shared resource is not simulated")
+        return replicas
+    return 1
+
+
+def select_config(client: Any, node_name: str, namespace: str) -> Config:
+    """As the operator's config-manager chooses: the ClusterPolicy names the ConfigMap and its
+    default key; the Node's ``nvidia.com/device-plugin.config`` label picks a key, else the
+    default. No ClusterPolicy (or CRD) or no ConfigMap named: the plugin's defaults. A key the
+    ConfigMap lacks is an error (the real config-manager fails, and the plugin does not start)."""
+    node = client.request("GET", f"/api/v1/nodes/{node_name}")
+    label = str((node.get("metadata", {}).get("labels") or {}).get(CONFIG_LABEL, ""))
+    try:
+        policies = client.request("GET", CLUSTER_POLICIES).get("items") or []
+    except kubeclient.ApiFailure as exc:
+        if exc.code != 404:  # 404: no GPU Operator CRDs in this cluster
+            raise
+        policies = []
+    settings: dict[str, Any] = {}
+    if policies:
+        first = sorted(policies, key=lambda p: str(p.get("metadata", {}).get("name")))[0]
+        settings = ((first.get("spec") or {}).get("devicePlugin") or {}).get("config") or {}
+    map_name = str(settings.get("name") or "")
+    chosen = label or str(settings.get("default") or "")
+    if not map_name or not chosen:
+        return DEFAULT_CONFIG
+    where = f"ConfigMap {namespace}/{map_name}"
+    data = client.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{map_name}"
+                          ).get("data") or {}
+    if chosen not in data:
+        source = f"label {CONFIG_LABEL}={label}" if label else "the ClusterPolicy's default"
+        raise ConfigError(f"{source}: {where} has no such configuration (it has: "
+                          f"{', '.join(sorted(data)) or 'none'})")
+    return Config(chosen, replicas_in(str(data[chosen]), f"{where}, key {chosen}"))
+
+
+def access_client() -> Any | None:
+    """A client with the lab's device plugin credentials, or None where the host has none (a
+    fleet without a control plane: the plugin's defaults)."""
+    path = daemons._root(ACCESS_KUBECONFIG)
+    return kubeclient.kubeconfig_client(path) if path.exists() else None
+
+
+def device_ids(gpus: list[dict[str, Any]], replicas: int) -> list[tuple[str, dict[str, Any]]]:
+    """(device ID, its GPU): the GPU's UUID, or with time-slicing each replica's annotated ID
+    ``<UUID>::<i>`` as the real plugin's NewAnnotatedID makes it (internal/rm/devices.go)."""
+    if replicas <= 1:
+        return [(str(g["uuid"]), g) for g in gpus]
+    return [(f"{g['uuid']}::{i}", g) for g in gpus for i in range(replicas)]
+
+
+def gpu_of(device_id: str) -> str:
+    """The GPU UUID of a device ID (the real AnnotatedID's GetID: the part before ``::``)."""
+    return device_id.split("::", 1)[0]
+
+
 class DevicePlugin:
     """One serving of the plugin: its gRPC server on the endpoint, registered with one kubelet."""
 
     def __init__(self, messages: dict[str, Any], gpus: list[dict[str, Any]],
-                 health_of: dict[str, str]) -> None:
+                 health_of: dict[str, str], config: Config = DEFAULT_CONFIG) -> None:
         self.m = messages
         self.gpus = gpus
-        self.health = dict(health_of)
+        self.config = config
+        self.devices = device_ids(gpus, config.replicas)
+        self.health = dict(health_of)  # by GPU UUID: a GPU's replicas share its health
         self.changed = threading.Condition()
         self.generation = 0
         self.stopped = threading.Event()
@@ -168,8 +290,8 @@ class DevicePlugin:
     # -- the DevicePlugin service ---------------------------------------------------------
     def _devices(self) -> Any:
         response = self.m["ListAndWatchResponse"]()
-        for gpu in self.gpus:
-            device = response.devices.add(ID=str(gpu["uuid"]), health=self.health[gpu["uuid"]])
+        for device_id, gpu in self.devices:
+            device = response.devices.add(ID=device_id, health=self.health[gpu["uuid"]])
             if gpu.get("numa_node") is not None and int(gpu["numa_node"]) >= 0:
                 device.topology.nodes.add(ID=int(gpu["numa_node"]))
         return response
@@ -192,8 +314,8 @@ class DevicePlugin:
 
     def get_preferred_allocation(self, request: Any, context: grpc.ServicerContext) -> Any:
         del context
-        numa = {str(g["uuid"]): g.get("numa_node") for g in self.gpus}
-        index = {str(g["uuid"]): int(g["index"]) for g in self.gpus}
+        numa = {d: g.get("numa_node") for d, g in self.devices}
+        index = {d: int(g["index"]) for d, g in self.devices}
         response = self.m["PreferredAllocationResponse"]()
         for wanted in request.container_requests:
             chosen = list(dict.fromkeys(wanted.must_include_deviceIDs))
@@ -207,13 +329,15 @@ class DevicePlugin:
 
     def allocate(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self.m["AllocateResponse"]()
+        known = {d for d, _gpu in self.devices}
         for container in request.container_requests:
             for device in container.devices_ids:
-                if device not in self.health:
+                if device not in known:
                     context.abort(grpc.StatusCode.UNKNOWN,
                                   f'invalid allocation request for "{RESOURCE}": invalid request: '
                                   f"unknown device: {device}")
-            ids = list(dict.fromkeys(container.devices_ids))
+            # Replicas of one GPU name that GPU once (time-slicing: they share it).
+            ids = list(dict.fromkeys(gpu_of(d) for d in container.devices_ids))
             answer = response.container_responses.add()
             answer.envs[VISIBLE_DEVICES] = ",".join(ids)
         return response
@@ -293,19 +417,39 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     _stop.set()
 
 
-def run(interval: float) -> int:
+def run(interval: float, config_interval: float = 5.0) -> int:
     messages = message_classes()
     directory = plugin_dir()
     kubelet_socket, endpoint = directory / KUBELET_SOCKET, directory / ENDPOINT
+    namespace = os.environ.get("GPUREADY_SIM_OPERATOR_NAMESPACE", OPERATOR_NAMESPACE)
     klog(f"NVIDIA device plugin for '{RESOURCE}' ({SIMULATED}: devices and health from "
          f"{daemons._hw_dir()}, the kubelet's real device plugin API {API_VERSION})")
     said = ""
+    good: Config | None = None  # the last configuration read
 
     def once(message: str) -> None:
         nonlocal said
         if message != said:
             klog(message)
             said = message
+
+    def configuration() -> Config | None:
+        """The configuration to run with; None: none can be had yet (said once). An API
+        server that does not answer keeps the last one read."""
+        nonlocal good
+        try:
+            client = access_client()
+            if client is None:
+                good = DEFAULT_CONFIG
+            else:
+                good = select_config(client, daemons._node_name(), namespace)
+        except ConfigError as exc:
+            once(f"config-manager: {exc}")
+            return None
+        except (kubeclient.ApiFailure, OSError, KeyError, ValueError) as exc:
+            if good is None:
+                once(f"config-manager: cannot read the configuration: {exc}; retrying")
+        return good
 
     while not _stop.is_set():
         hw, faults = daemons._load()
@@ -318,8 +462,12 @@ def run(interval: float) -> int:
             once(f"Waiting for the kubelet's registration socket {kubelet_socket}")
             _stop.wait(interval)
             continue
+        config = configuration()
+        if config is None:
+            _stop.wait(interval)
+            continue
         gpus = enumerate_gpus(hw, faults)
-        plugin = DevicePlugin(messages, gpus, health(gpus, hw, faults))
+        plugin = DevicePlugin(messages, gpus, health(gpus, hw, faults), config)
         registered_with = _file_id(kubelet_socket)
         try:
             plugin.serve(endpoint)
@@ -334,19 +482,47 @@ def run(interval: float) -> int:
         for uuid, state in plugin.health.items():
             if state == UNHEALTHY:
                 klog(f"'{RESOURCE}' device marked unhealthy: {uuid}")
-        while not _stop.wait(interval):
-            now = _file_id(kubelet_socket)
-            if now is not None and now != registered_with:
-                klog(f"inotify: {kubelet_socket} created, restarting.")
-                break
-            if _file_id(endpoint) is None:
-                klog(f"{endpoint} removed, restarting.")
-                break
-            hw, faults = daemons._load()
-            plugin.set_health(health(gpus, hw, faults))
+        if config.replicas > 1:
+            klog(f"Running with config {config.name!r}: {len(plugin.devices)} device(s), "
+                 f"{config.replicas} replicas of each of {len(gpus)} GPU(s) (time-slicing)")
+        elif config != DEFAULT_CONFIG:
+            klog(f"Running with config {config.name!r}: one device per GPU")
+        _watch(plugin, Watched(kubelet_socket, registered_with, endpoint), interval,
+               config_interval, configuration)
         plugin.stop(endpoint)
     klog('Received signal "terminated", shutting down.')
     return 0
+
+
+@dataclass(frozen=True)
+class Watched:
+    kubelet_socket: Path
+    registered_with: tuple[int, int, int] | None
+    endpoint: Path
+
+
+def _watch(plugin: DevicePlugin, watched: Watched, interval: float, config_interval: float,
+           configuration: Callable[[], Config | None]) -> None:
+    """While the plugin serves: health each interval; returns when it must restart (a new
+    kubelet, its socket gone, a new configuration) or on a signal."""
+    checked = time.monotonic()
+    while not _stop.wait(interval):
+        if time.monotonic() - checked >= config_interval:
+            checked = time.monotonic()
+            config = configuration()
+            if config is not None and config != plugin.config:
+                klog(f"Config changed ({plugin.config.name or 'defaults'} -> "
+                     f"{config.name or 'defaults'}), restarting.")
+                return
+        now = _file_id(watched.kubelet_socket)
+        if now is not None and now != watched.registered_with:
+            klog(f"inotify: {watched.kubelet_socket} created, restarting.")
+            return
+        if _file_id(watched.endpoint) is None:
+            klog(f"{watched.endpoint} removed, restarting.")
+            return
+        hw, faults = daemons._load()
+        plugin.set_health(health(plugin.gpus, hw, faults))
 
 
 def main(argv: list[str]) -> int:
@@ -354,7 +530,8 @@ def main(argv: list[str]) -> int:
     daemons.set_process_name("nvidia-device-p")
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    return run(float(os.environ.get("GPUREADY_SIM_DP_INTERVAL", "1")))
+    return run(float(os.environ.get("GPUREADY_SIM_DP_INTERVAL", "1")),
+               float(os.environ.get("GPUREADY_SIM_DP_CONFIG_INTERVAL", "5")))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Kubernetes' api.proto (the committed descriptor set, itself checked against prot
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import shutil
@@ -129,11 +130,13 @@ class Node:
             time.sleep(0.05)
 
 
-@pytest.fixture
-def node() -> Iterator[Node]:
+@contextlib.contextmanager
+def plugin_node(hw: dict[str, Any] = HW) -> Iterator[Node]:
+    """A node's root for the plugin (its hardware, a loaded driver, no fault), removed after;
+    the plugin and the kubelet's side stopped if they still run."""
     # A short directory: a unix socket's path has at most 107 bytes.
     root = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))
-    write_hardware(root / "hw", HW)
+    write_hardware(root / "hw", hw)
     (root / "run").mkdir()
     the_node = Node(root)
     the_node.faults()
@@ -146,6 +149,12 @@ def node() -> Iterator[Node]:
             the_node.proc.wait()
         the_node.kubelet.stop()
         shutil.rmtree(root)
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    with plugin_node() as the_node:
+        yield the_node
 
 
 def devices(response: Any) -> list[tuple[str, str, list[int]]]:
@@ -298,6 +307,7 @@ def test_real_kubernetes_hosts_get_the_plugin_as_a_unit(tmp_path: Path) -> None:
     assert "SIMULATED" in unit.split("Description=", 1)[1].splitlines()[0]
     assert "ExecStart=/usr/bin/python3 /opt/gpuready-lab/sim/device_plugin.py" in unit
     assert (units / "multi-user.target.wants" / node_mod.DEVICE_PLUGIN_UNIT_NAME).is_symlink()
-    # The lab binds lab/sim at /opt/gpuready-lab/sim; Debian's gRPC comes with the rootfs.
+    # The lab binds lab/sim at /opt/gpuready-lab/sim; Debian's gRPC and PyYAML (its config)
+    # come with the rootfs.
     assert (LabPaths.default().sim_dir / "device_plugin.py") == SIM
-    assert {"python3-grpcio", "python3-protobuf"} <= set(rootfs.SIM_PACKAGES)
+    assert {"python3-grpcio", "python3-protobuf", "python3-yaml"} <= set(rootfs.SIM_PACKAGES)
