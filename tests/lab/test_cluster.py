@@ -34,6 +34,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+import yaml
 
 from lab import controlplane, core, hosts
 from lab.kube import images
@@ -52,6 +54,8 @@ from tests.lab.cluster_helpers import PREFIX, TAINT_KEY, Cluster, PlaybookRun
 from tests.lab.conftest import lab_cli, running_lab, ssh
 from tests.unit.validate.test_cluster_apply import install_crds
 from validate import cli
+from validate.cluster import render
+from validate.cluster.spec import load_spec
 from validate.model import ExitCode
 
 # The join itself is a no_log task (ansible-core 2.19 censors its result, "changed" included);
@@ -465,7 +469,56 @@ def test_the_cluster_layer_applies_on_the_lab_control_plane(cluster: Cluster,
     cluster.log.append(f"cluster apply (CRDs, two applies): {time.monotonic() - started:.0f} s")
 
 
-def _job(name: str, queue: str | None, gpus: int) -> dict[str, Any]:
+def test_a_time_sliced_pool_s_nodes_advertise_gpus_times_replicas(
+        cluster: Cluster, first_site: PlaybookRun, tmp_path: Path) -> None:
+    """Issue 43: the SIMULATED device plugin takes what `cluster apply` writes, as the real one
+    does under the operator (the ClusterPolicy's devicePlugin.config, the ConfigMap, the Node's
+    nvidia.com/device-plugin.config label). A site moves the H100 pool to time-slicing with two
+    replicas: after the apply, each of its Nodes advertises GPUs x replicas through the real
+    kubelet, the figure the renderer computed; the apply of the unchanged inventory brings one
+    device per GPU back."""
+    del first_site
+    inv = tmp_path / "inventory"
+    shutil.copytree(cluster.paths.inventory_dir, inv)
+    pool_file = inv / "group_vars" / "pool_h100_sxm" / "pool.yml"
+    pool = yaml.safe_load(pool_file.read_text())
+    pool["gpu_pool"]["sharing"] = "time-slicing"
+    pool["gpuready_cluster_time_slicing_replicas"] = 2
+    pool_file.write_text(yaml.safe_dump(pool, sort_keys=False))
+    spec = load_spec(inv)
+    gpus = {name: len(json.loads((cluster.paths.host_dir(name) / "hw" / "hardware.json")
+                                 .read_text())["gpus"]) for name in ("node1", "node2")}
+    started = time.monotonic()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        assert cli.main(["cluster", "apply", "-i", str(inv)], stdout=out, stderr=err) == \
+            ExitCode.OK, out.getvalue() + err.getvalue()
+        for name, count in gpus.items():
+            config = render.node_labels(spec)[name][render.DEVICE_PLUGIN_CONFIG_LABEL]
+            body = yaml.safe_load(render.device_plugin_configs(spec)[config])
+            replicas = body["sharing"]["timeSlicing"]["resources"][0]["replicas"]
+            assert replicas == 2, body
+            assert cluster.node(name)["metadata"]["labels"][
+                render.DEVICE_PLUGIN_CONFIG_LABEL] == config
+            _wait_gpus(cluster, name, capacity=count * replicas, allocatable=count * replicas)
+    finally:
+        rc = cli.main(["cluster", "apply", "-i", str(cluster.paths.inventory_dir)],
+                      stdout=out, stderr=err)
+    assert rc == ExitCode.OK, out.getvalue() + err.getvalue()
+    for name, count in gpus.items():
+        _wait_gpus(cluster, name, capacity=count, allocatable=count)
+        journal = hosts.host_exec(cluster.paths, name, ["journalctl", "--no-pager", "-o", "cat",
+                                                        "-u", DEVICE_PLUGIN_UNIT]).stdout
+        # The plugin saw the new configuration, and the old one again, as they were applied
+        # (within 5 s; whether it read full-gpu before depends on how soon this test ran
+        # after the first apply).
+        assert "-> time-slicing-2), restarting." in journal, journal[-2000:]
+        assert "Config changed (time-slicing-2 -> full-gpu), restarting." in journal, \
+            journal[-2000:]
+    cluster.log.append(f"time-slicing and back: {time.monotonic() - started:.0f} s")
+
+
+def _job(name: str, queue: str | None, gpus: int, command: str = "echo done") -> dict[str, Any]:
     """A Job of the lab's image in the research team's namespace (host network, image never
     pulled: lab/kube/images.py), with the queue label a team's job carries when it has one."""
     labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
@@ -480,7 +533,7 @@ def _job(name: str, queue: str | None, gpus: int) -> dict[str, Any]:
             "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{"name": "work", "image": images.IMAGE, "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", "echo done"], "resources": resources,
+                            "command": ["sh", "-c", command], "resources": resources,
                             "securityContext": {"allowPrivilegeEscalation": False,
                                                 "capabilities": {"drop": ["ALL"]}}}]}}},
     }
@@ -557,8 +610,9 @@ def test_kueue_admits_queued_jobs_onto_admitted_nodes_only(cluster: Cluster,
     apply` made from the lab's inventory: a Job without a queue name is left alone; a queued
     Job is created suspended, admitted within its team's quota, unsuspended, and its Pod
     lands on the node the gate admitted (the flavor's node labels), not on the one it kept out;
-    a Job over what the team's ClusterQueue can ever lend it stays suspended, and its Workload
-    says why."""
+    a Job over the team's quota but within what its cohort lends is admitted, borrowing (the
+    ClusterQueue counts it); a Job over what the team's ClusterQueue can ever lend it stays
+    suspended, and its Workload says why."""
     del first_site
     started = time.monotonic()
     # The rendered acceptance Job (8 GPUs, an image no lab host has) would take the whole
@@ -575,7 +629,7 @@ def test_kueue_admits_queued_jobs_onto_admitted_nodes_only(cluster: Cluster,
 
 
 def _run_jobs(cluster: Cluster) -> None:
-    jobs = ("unqueued", "queued", "too-big")
+    jobs = ("unqueued", "queued", "borrows", "too-big")
     try:
         # Without a queue name: Kueue's webhook lets it through unsuspended, no Workload.
         unqueued = _create(cluster, _job("unqueued", None, 0))
@@ -602,6 +656,28 @@ def _run_jobs(cluster: Cluster) -> None:
         assert selector[f"{PREFIX}/validation"] == "passed", selector
         assert selector[f"{PREFIX}/pool"] == "pool_h100_sxm", selector
 
+        # 6 GPUs: over the research queue's 4 nominal, within what it may borrow (4) from
+        # the platform team's unused quota in their cohort: admitted, 2 GPUs borrowed while
+        # it runs, and placed on the admitted node like any other.
+        _create(cluster, _job("borrows", TEAM, 6, "sleep 30"))
+        kube_pods.wait_for(
+            "borrows admitted",
+            lambda: (w := _workload_of(cluster, "borrows"))
+            and _condition(w, "Admitted").get("status") == "True" and w)
+        # The ClusterQueue's status follows admissions within a moment (the finished "queued"
+        # Job's 1 GPU may still show first).
+        seen: list[dict[str, str] | None] = []
+        wanted = {"total": "6", "borrowed": "2"}
+        try:
+            kube_pods.wait_for("research using 6 GPUs, 2 borrowed", lambda: seen.append(
+                _gpu_usage(cluster, TEAM)) or seen[-1] == wanted, 25)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the ClusterQueue's usage: {seen[-3:]}") from None
+        kube_pods.wait_for("borrows Complete", lambda: _completed(cluster, "borrows"), 120)
+        pods = json.loads(kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "get", "pods", "-l",
+                                            "job-name=borrows", "-o", "json").stdout)["items"]
+        assert [p["spec"]["nodeName"] for p in pods] == ["node1"], pods
+
         # 9 GPUs: over the research queue's 4 nominal + 4 it may borrow from its cohort.
         too_big = _create(cluster, _job("too-big", TEAM, 9))
         assert too_big["spec"]["suspend"] is True
@@ -618,6 +694,19 @@ def _run_jobs(cluster: Cluster) -> None:
     finally:
         kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "delete", "job", *jobs,
                           "--ignore-not-found", "--wait=false")
+
+
+def _gpu_usage(cluster: Cluster, queue: str) -> dict[str, str] | None:
+    """The ClusterQueue's nvidia.com/gpu usage in the H100 flavor ({total, borrowed}), once
+    Kueue reports one above zero."""
+    status = _get(cluster, "clusterqueue", queue).get("status", {})
+    for flavor in status.get("flavorsUsage", []):
+        for resource in flavor.get("resources", []):
+            if (flavor["name"], resource["name"]) == ("pool-h100-sxm", "nvidia.com/gpu") \
+                    and str(resource.get("total", "0")) != "0":
+                return {"total": str(resource["total"]),
+                        "borrowed": str(resource.get("borrowed", "0"))}
+    return None
 
 
 def test_the_join_token_appears_nowhere(cluster: Cluster, first_site: PlaybookRun) -> None:
