@@ -131,8 +131,7 @@ def run(pytest_args: list[str], times: str, out: IO[str] = sys.stdout) -> int:
               f"copied): {', '.join(second)}\n")
     out.flush()
     # A lab the copy's last run left (interrupted) goes first, as running_lab does for its own.
-    subprocess.run([sys.executable, "-m", "lab", "down"], cwd=COPY, env=second_env(),
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    down(quiet=True)
     sessions = {
         "first": (REPO_ROOT, dict(os.environ), first),
         "second": (COPY, second_env(), second),
@@ -167,12 +166,13 @@ def run(pytest_args: list[str], times: str, out: IO[str] = sys.stdout) -> int:
     return 0 if ran and all(c == 0 for c in ran) else 1
 
 
-def down() -> int:
-    """Stop the second session's lab, if a copy is there (make clean)."""
+def down(quiet: bool = False) -> int:
+    """Stop the second session's lab, if a copy is there (make clean, and before a run)."""
     if not (COPY / "lab").is_dir():
         return 0
+    sink = subprocess.DEVNULL if quiet else None
     return subprocess.run([sys.executable, "-m", "lab", "down"], cwd=COPY, env=second_env(),
-                          check=False).returncode
+                          stdout=sink, stderr=sink, check=False).returncode
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -367,10 +367,10 @@ def device_plugin_rbac() -> list[dict[str, Any]]:
     ]
 
 
-def device_plugin_access(paths: LabPaths, cp: LabHost) -> str:
+def device_plugin_access(paths: LabPaths, cp: LabHost) -> None:
     """The device plugin's service account, its rights and a token (ten years: the lab's
-    clusters live for a test); returns the kubeconfig the kubelet hosts get (see
-    :func:`write_device_plugin_access`)."""
+    clusters live for a test), as the kubeconfig the kubelet hosts get
+    (:func:`write_device_plugin_access`), kept in the lab's run directory."""
     root = paths.host_dir(cp.name) / "merged"
     manifest = root / DEVICE_PLUGIN_RBAC.lstrip("/")
     manifest.parent.mkdir(parents=True, exist_ok=True)
@@ -393,7 +393,6 @@ def device_plugin_access(paths: LabPaths, cp: LabHost) -> str:
     access = paths.run / "kube" / "device-plugin.conf"
     access.write_text(text)
     access.chmod(0o600)
-    return text
 
 
 def write_device_plugin_access(paths: LabPaths, host: LabHost) -> None:
