@@ -71,6 +71,7 @@ $GPUREADY_LAB_RUN/nv-fabricmanager.pid while it runs.
 
 from __future__ import annotations
 
+import fcntl
 import getopt
 import json
 import math
@@ -219,12 +220,28 @@ _OPTION_SETTINGS: dict[str, tuple[str, Callable[[str], object]]] = {
 }
 
 def _pid_alive(pid_file: Path) -> bool:
+    """The daemon of ``pid_file`` runs: its pid answers, or (from a container, where the
+    host's pids are not ours) it holds the lock beside its pid file (lab/sim/daemons.py)."""
     try:
         pid = int(pid_file.read_text().split()[0])
         os.kill(pid, 0)
     except (OSError, ValueError, IndexError):
+        pass
+    else:
+        return True
+    try:
+        fd = os.open(pid_file.with_suffix(".lock"), os.O_RDONLY)
+    except OSError:
         return False
-    return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
 
 
 def _time_str_classic(usec: float) -> str:

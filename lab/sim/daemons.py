@@ -41,6 +41,7 @@ gpu-feature-discovery
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import signal
@@ -288,6 +289,10 @@ def fabricmanager(args: list[str]) -> int:
     _initialize()
     marker = _run_dir() / "nv-fabricmanager.pid"
     marker.parent.mkdir(parents=True, exist_ok=True)
+    # Held while it runs: a process in a container (another PID namespace, the run directory
+    # mounted into its Pod by the lab's device plugin) cannot test the pid, but sees the lock.
+    lock = os.open(marker.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_EX)
     _write_pid(marker, os.getpid())
     _ready()
     log("INFO", "Connected to 1 node.")
@@ -300,6 +305,7 @@ def fabricmanager(args: list[str]) -> int:
     print("Connected to 1 node.", flush=True)
     _wait()
     marker.unlink(missing_ok=True)
+    os.close(lock)
     log("INFO", "Fabric Manager is stopping on receiving signal 15")
     return 0
 

@@ -32,7 +32,9 @@ capacity and allocatable:
   its fault is removed. ListAndWatch sends the new list whenever health changes, so the
   kubelet's allocatable counts only the Healthy GPUs.
 - Allocate answers each container with ``NVIDIA_VISIBLE_DEVICES`` = the requested UUIDs joined by
-  commas, and refuses an unknown ID with the real message ("invalid request: unknown device:
+  commas and, where the real toolkit would inject the driver (SIMULATED), read-only mounts of
+  the host's simulated GPUs ($GPUREADY_LAB_HW, $GPUREADY_LAB_RUN) at the simulators' default
+  paths, so nccl-tests in a Pod's image see the node's GPUs; it refuses an unknown ID with the real message ("invalid request: unknown device:
   ..."). GetPreferredAllocation takes the required devices, then free ones on the same NUMA node
   first, then by index (SIMULATED: the real one ranks by NVLink topology through NVML).
 - Configuration, as the GPU Operator's config-manager hands it to the real plugin: the
@@ -94,6 +96,7 @@ ENDPOINT = "nvidia-gpu.sock"  # the real plugin's "nvidia-" + the resource's nam
 DESCRIPTOR_SET = Path(__file__).resolve().with_name("deviceplugin_v1beta1.binpb")
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+DEFAULT_HW, DEFAULT_RUN = "/opt/gpuready-lab/hw", "/run/gpuready-lab"  # as the simulators read
 # Application errors the real health check ignores (the GPU is still healthy).
 IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 MESSAGES = ("Empty", "RegisterRequest", "DevicePluginOptions", "ListAndWatchResponse",
@@ -340,6 +343,14 @@ class DevicePlugin:
             ids = list(dict.fromkeys(gpu_of(d) for d in container.devices_ids))
             answer = response.container_responses.add()
             answer.envs[VISIBLE_DEVICES] = ",".join(ids)
+            # SIMULATED driver injection: the real NVIDIA Container Toolkit mounts the driver's
+            # devices and libraries into the container; here the simulated GPUs are the host's
+            # hardware description and per-boot driver state, mounted read-only at the paths
+            # the simulated tools read (an image's nccl-tests: lab/kube/acceptance_image.py).
+            for host_path, container_path in ((daemons._hw_dir(), DEFAULT_HW),
+                                              (daemons._run_dir(), DEFAULT_RUN)):
+                answer.mounts.add(container_path=container_path, host_path=str(host_path),
+                                  read_only=True)
         return response
 
     def pre_start_container(self, request: Any, context: grpc.ServicerContext) -> Any:
