@@ -11,8 +11,9 @@ Nothing it does not own is touched: before the first write it reads every object
 apply, and one that exists without its label (a ClusterPolicy the chart made, a namespace made
 by hand) stops the run with nothing applied. The only foreign objects it writes are Nodes, and
 of a Node only the label ``nvidia.com/device-plugin.config`` (its own field under the field
-manager); a Node that has not joined gets it on a later run. Jobs are created once: the
-acceptance Job is a run, so an existing one is left as it is (delete it to run it again).
+manager); a Node that has not joined gets it on a later run. The acceptance Jobs are runs, not
+state: ``validate acceptance`` submits them (validate/acceptance.py); this neither creates nor
+prunes Jobs, so a run's Jobs and their Pods' logs stay until someone deletes them.
 
 It needs the GPU Operator's and Kueue's CRDs installed (pinned releases: validate.cluster.render)
 and checks that the server serves every kind before it writes; the controllers that act on the
@@ -73,11 +74,9 @@ KINDS = (
     Kind("v1", "LimitRange", "limitranges", True),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
     Kind("kueue.x-k8s.io/v1beta2", "LocalQueue", "localqueues", True),
-    Kind("batch/v1", "Job", "jobs", True),
 )
 NODE = Kind("v1", "Node", "nodes", False)
 _BY_KIND = {k.kind: k for k in KINDS}
-CREATE_ONLY = frozenset({"Job"})
 # What the server adds that is no part of the declared object.
 _SERVER_META = ("managedFields", "resourceVersion", "generation", "creationTimestamp", "uid",
                 "selfLink")
@@ -322,9 +321,6 @@ class Applier:
         kind = _BY_KIND[obj["kind"]]
         live = self.live[name]
         verb = "would " if self.check else ""
-        if obj["kind"] in CREATE_ONLY and live is not None:
-            self.summary.unchanged += 1
-            return
         if self.check and obj["metadata"].get("namespace") in new_namespaces:
             # The server cannot dry-run an object into a namespace that does not exist yet.
             self.summary.created += 1

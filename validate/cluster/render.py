@@ -24,10 +24,13 @@ them, flavors before the queues that name them), each labelled
 - **Team namespaces**: Pod Security labels (enforce, audit and warn at the team's level), a
   ``ResourceQuota`` on ``requests.nvidia.com/gpu`` (and CPU/memory where declared), a
   ``LimitRange`` with default container requests, a ``RoleBinding`` per role to its groups.
-- **The acceptance Job** per pool, in the namespace of the first team with quota there, queued
-  through that team's LocalQueue (``kueue.x-k8s.io/queue-name``), created suspended (Kueue
-  unsuspends what it admits): single-node NCCL all-reduce on the node's GPUs, then a checkpoint
-  written, synced, read back and compared.
+
+Not applied by ``cluster apply`` but written by ``render`` (``acceptance/``) and submitted by
+``validate acceptance`` (validate/acceptance.py), once per run: **the acceptance Job** per pool,
+in the namespace of the first team with quota there, queued through that team's LocalQueue
+(``kueue.x-k8s.io/queue-name``), created suspended (Kueue unsuspends what it admits):
+single-node NCCL all-reduce on the node's GPUs at the profile's size, then a checkpoint
+written, synced, read back and compared, each step after a marker line its output is read by.
 """
 
 from __future__ import annotations
@@ -283,46 +286,64 @@ def acceptance_team(spec: ClusterSpec, pool: PoolSpec) -> TeamSpec | None:
     return None
 
 
-ACCEPTANCE_SCRIPT = """\
+ACCEPTANCE_MARK = "# gpuready acceptance:"
+ACCEPTANCE_SCRIPT = f"""\
 set -eu
 # Single-node NCCL all-reduce across the node's GPUs (nccl-tests), then a checkpoint written,
-# synced, read back and compared: the seed's acceptance steps, as a workload.
-all_reduce_perf -b 8 -e 1G -f 2 -g "$GPUS" -c 1
-dd if=/dev/urandom of=/checkpoint/ckpt.bin bs=1M count="$CHECKPOINT_MIB" conv=fsync
+# synced, read back and compared: the seed's acceptance steps, as a workload. The marker lines
+# split the log for validate acceptance.
+echo "{ACCEPTANCE_MARK} nccl"
+all_reduce_perf -b "$NCCL_BYTES" -e "$NCCL_BYTES" -f 2 -g "$GPUS" -c 1
+echo "{ACCEPTANCE_MARK} checkpoint-write"
+dd if=/dev/urandom of=/checkpoint/ckpt.bin bs=1M count="$CHECKPOINT_MIB" conv=fsync 2>&1
 sha256sum /checkpoint/ckpt.bin > /checkpoint/ckpt.sha256
+echo "{ACCEPTANCE_MARK} checkpoint-read"
+dd if=/checkpoint/ckpt.bin of=/dev/null bs=1M 2>&1
 sha256sum -c /checkpoint/ckpt.sha256
+echo "{ACCEPTANCE_MARK} done"
 """
+ACCEPTANCE_NCCL_BYTES = 1 << 30  # when the pool's profile names no nccl.size_bytes
 
 
-def acceptance_job(spec: ClusterSpec, pool: PoolSpec, team: TeamSpec) -> Manifest:
+def acceptance_job(spec: ClusterSpec, pool: PoolSpec, team: TeamSpec, *,
+                   name: str | None = None, nccl_bytes: int = ACCEPTANCE_NCCL_BYTES,
+                   checkpoint_mib: int = ACCEPTANCE_CHECKPOINT_MIB,
+                   labels: Mapping[str, str] | None = None) -> Manifest:
+    """The pool's acceptance Job (``name``: ``acceptance-<pool>``), queued through ``team``."""
     gpus = pool.gpus_per_node
     restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                   "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     container = {
         "name": "acceptance", "image": spec.acceptance_image,
+        "imagePullPolicy": spec.acceptance_pull_policy,
         "command": ["/bin/sh", "-c", ACCEPTANCE_SCRIPT],
         "env": [{"name": "GPUS", "value": str(gpus)},
-                {"name": "CHECKPOINT_MIB", "value": str(ACCEPTANCE_CHECKPOINT_MIB)}],
+                {"name": "NCCL_BYTES", "value": str(nccl_bytes)},
+                {"name": "CHECKPOINT_MIB", "value": str(checkpoint_mib)}],
         "resources": {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}},
         "securityContext": restricted,
         "volumeMounts": [{"name": "checkpoint", "mountPath": "/checkpoint"}],
     }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [{"name": "checkpoint", "emptyDir": {
+            "sizeLimit": f"{checkpoint_mib * 2}Mi"}}],
+    }
+    if spec.acceptance_host_network:
+        pod_spec["hostNetwork"] = True
     return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": _meta(f"acceptance-{pool.name}", team.namespace,
-                          labels={QUEUE_LABEL: team.queue}),
+        "metadata": _meta(name or f"acceptance-{pool.name}", team.namespace,
+                          labels={QUEUE_LABEL: team.queue, **(labels or {})}),
         "spec": {
             "suspend": True, "backoffLimit": 0, "completions": 1, "parallelism": 1,
             "template": {
-                "metadata": {"labels": {MANAGED_BY: MANAGER, QUEUE_LABEL: team.queue}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
-                    "volumes": [{"name": "checkpoint", "emptyDir": {
-                        "sizeLimit": f"{ACCEPTANCE_CHECKPOINT_MIB * 2}Mi"}}],
-                }},
+                "metadata": {"labels": {MANAGED_BY: MANAGER, QUEUE_LABEL: team.queue,
+                                        **(labels or {})}},
+                "spec": pod_spec},
         },
     }
 
@@ -339,11 +360,18 @@ def manifests(spec: ClusterSpec) -> list[Manifest]:
     out += [_cluster_queue(spec, team) for team in spec.teams]
     for team in spec.teams:
         out += _team_objects(spec, team)
+    # Plain types throughout (names read from Ansible's inventory carry its tags).
+    plain: list[Manifest] = json.loads(json.dumps(out))
+    return plain
+
+
+def acceptance_jobs(spec: ClusterSpec) -> list[Manifest]:
+    """The acceptance Job of each pool some team has quota on (``validate acceptance``)."""
+    out = []
     for pool in spec.pools:
         runner = acceptance_team(spec, pool)
         if runner is not None:
             out.append(acceptance_job(spec, pool, runner))
-    # Plain types throughout (names read from Ansible's inventory carry its tags).
     plain: list[Manifest] = json.loads(json.dumps(out))
     return plain
 
@@ -369,6 +397,16 @@ def write(spec: ClusterSpec, out: Path) -> list[Path]:
                  meta["name"]]
         path = out / f"{i:03d}-{'-'.join(parts)}.yaml"
         path.write_text("---\n" + yaml.safe_dump(obj, sort_keys=False))
+        written.append(path)
+    jobs = out / "acceptance"
+    jobs.mkdir(exist_ok=True)
+    for old in jobs.glob("job-*.yaml"):
+        old.unlink()
+    for job in acceptance_jobs(spec):
+        path = jobs / f"job-{job['metadata']['namespace']}-{job['metadata']['name']}.yaml"
+        path.write_text("---\n# Submitted by `validate acceptance` (one per run, under a name of "
+                        "its own); `kubectl create -f` runs it by hand.\n"
+                        + yaml.safe_dump(job, sort_keys=False))
         written.append(path)
     extra = out / "helm"
     extra.mkdir(exist_ok=True)

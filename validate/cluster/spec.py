@@ -14,6 +14,10 @@ nodes, ``gpu_pool`` and SKU profile); this module adds the cluster's variables:
                                                   first (block, rack): Kueue's Topology levels
 ``gpuready_cluster_operator_namespace`` (all)     where the GPU Operator runs (``gpu-operator``)
 ``gpuready_cluster_acceptance_image`` (all)       the acceptance Job's image (nccl-tests inside)
+``gpuready_cluster_acceptance_host_network`` (all) the acceptance Pods use the host's network
+                                                  (``false``; the namespace's Pod Security must
+                                                  allow it: ``privileged``)
+``gpuready_cluster_acceptance_pull_policy`` (all) its ``imagePullPolicy`` (``IfNotPresent``)
 ================================================  ================================================
 
 Every problem is collected and raised at once as an InventoryError naming the variable, where it
@@ -52,8 +56,12 @@ TAINTS = "gpuready_cluster_pool_taints"
 TOPOLOGY = "gpuready_cluster_topology_labels"
 OPERATOR_NAMESPACE = "gpuready_cluster_operator_namespace"
 ACCEPTANCE_IMAGE = "gpuready_cluster_acceptance_image"
+ACCEPTANCE_HOST_NETWORK = "gpuready_cluster_acceptance_host_network"
+ACCEPTANCE_PULL_POLICY = "gpuready_cluster_acceptance_pull_policy"
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 POOL_VARS = (REPLICAS, TAINTS, TOPOLOGY)
-GLOBAL_VARS = (TEAMS, OPERATOR_NAMESPACE, ACCEPTANCE_IMAGE)
+GLOBAL_VARS = (TEAMS, OPERATOR_NAMESPACE, ACCEPTANCE_IMAGE, ACCEPTANCE_HOST_NETWORK,
+               ACCEPTANCE_PULL_POLICY)
 
 DEFAULT_OPERATOR_NAMESPACE = "gpu-operator"
 # A placeholder a site replaces with its own build (nccl-tests at the roles' pinned version).
@@ -176,6 +184,8 @@ class ClusterSpec:
     teams: tuple[TeamSpec, ...]
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     acceptance_image: str = DEFAULT_ACCEPTANCE_IMAGE
+    acceptance_host_network: bool = False
+    acceptance_pull_policy: str = "IfNotPresent"
     kubeconfig: str | None = None  # gpuready_kubeconfig, as the gate reads it
 
     def pool(self, group: str) -> PoolSpec:
@@ -285,6 +295,14 @@ def load_spec(source: Path) -> ClusterSpec:
     if not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image):
         problems.add(ACCEPTANCE_IMAGE, where(first_host, ACCEPTANCE_IMAGE),
                      f"is {image!r}, not an image reference")
+    host_network = glob.get(ACCEPTANCE_HOST_NETWORK, False)
+    if not isinstance(host_network, bool):
+        problems.add(ACCEPTANCE_HOST_NETWORK, where(first_host, ACCEPTANCE_HOST_NETWORK),
+                     f"is {host_network!r}, not true or false")
+    pull_policy = glob.get(ACCEPTANCE_PULL_POLICY, "IfNotPresent")
+    if pull_policy not in PULL_POLICIES:
+        problems.add(ACCEPTANCE_PULL_POLICY, where(first_host, ACCEPTANCE_PULL_POLICY),
+                     f"is {pull_policy!r}, not one of {', '.join(PULL_POLICIES)}")
     teams: tuple[TeamSpec, ...] = ()
     _node_names(nodes, problems)
     if TEAMS in glob:
@@ -296,6 +314,8 @@ def load_spec(source: Path) -> ClusterSpec:
             "rendered or applied:\n  " + "\n  ".join(problems.lines))
     return ClusterSpec(source=source, label_prefix=prefix, pools=tuple(pools), teams=teams,
                        operator_namespace=str(operator_ns), acceptance_image=str(image),
+                       acceptance_host_network=host_network is True,
+                       acceptance_pull_policy=str(pull_policy),
                        kubeconfig=nodes[0].desired.gate.kubeconfig if nodes else None)
 
 

@@ -92,8 +92,12 @@ def test_render_staging_writes_every_object_in_apply_order(tmp_path: Path) -> No
         "requests.nvidia.com/gpu": "8"}
     assert docs["RoleBinding research/gpuready-view"]["subjects"] == [
         {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "research-readers"}]
-    # The acceptance Job per pool, through the first team with quota there.
-    jobs = {k: v for k, v in docs.items() if k.startswith("Job ")}
+    # The acceptance Job per pool, through the first team with quota there: written apart
+    # (validate acceptance submits it, cluster apply does not).
+    assert not [k for k in docs if k.startswith("Job ")]
+    jobs = {render.ident(obj): obj for obj in (
+        yaml.safe_load(path.read_text())
+        for path in sorted((tmp_path / "out/acceptance").glob("job-*.yaml")))}
     assert set(jobs) == {"Job research/acceptance-pool-h100-sxm",
                          "Job research/acceptance-pool-a100-sxm",
                          "Job inference-serving/acceptance-pool-l40s-pcie"}
@@ -104,6 +108,10 @@ def test_render_staging_writes_every_object_in_apply_order(tmp_path: Path) -> No
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "4"}
     assert "all_reduce_perf" in container["command"][2]
     assert "sha256sum -c" in container["command"][2]
+    assert {e["name"]: e["value"] for e in container["env"]} == {
+        "GPUS": "4", "NCCL_BYTES": str(1 << 30), "CHECKPOINT_MIB": "4096"}
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert "hostNetwork" not in l40s["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize("fleet_name", ["default", "cluster"])
