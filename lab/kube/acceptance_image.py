@@ -7,7 +7,7 @@ packages fetched with ``apt-get download`` on this machine, laid out as a Docker
 that ``ctr images import`` reads, byte for byte the same from the same packages and script.
 
 - Its one layer holds Debian's ``busybox-static`` (``/bin/sh`` and the applets the acceptance
-  script uses: ``dd``, ``sha256sum``), the interpreter of this machine's Python
+  script uses: ``dd``, ``sha256sum``), the interpreter of Debian's default Python
   (``python3.X-minimal``, ``libpython3.X-minimal``, ``libpython3.X-stdlib``) and the libraries
   they link (``libc6``, ``zlib1g``, ``libexpat1``, ``libssl3``, ``libffi8``; Debian 13's
   ``t64`` names where those are what the archive has), each package's ``copyright`` file
@@ -28,10 +28,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,22 +58,47 @@ class Archive:
 
 
 def python_packages() -> tuple[str, ...]:
-    """This machine's Python's packages (the image's interpreter is the machine's own)."""
-    minor = f"3.{sys.version_info.minor}"
+    """Debian's default Python's packages (``python3-minimal`` 3.X: ``python3.X-minimal``, ...)."""
+    version = candidates(("python3-minimal",)).get("python3-minimal", "")
+    minor = ".".join(version.partition(":")[2 if ":" in version else 0].split(".")[:2])
+    if not minor.startswith("3."):
+        raise LabError("apt has no python3-minimal candidate (the lab's acceptance image "
+                       "carries Debian's Python: lab/kube/acceptance_image.py)")
     return (f"python{minor}-minimal", f"libpython{minor}-minimal", f"libpython{minor}-stdlib")
 
 
-def _available(name: str) -> bool:
-    proc = subprocess.run(["apt-cache", "show", "--no-all-versions", name], capture_output=True,
-                          text=True, timeout=60, check=False)
-    return proc.returncode == 0 and bool(proc.stdout.strip())
+def candidates(names: tuple[str, ...]) -> dict[str, str]:
+    """The version apt would download of each of ``names`` it has (one ``apt-cache policy``)."""
+    proc = subprocess.run(["apt-cache", "policy", *names], capture_output=True, text=True,
+                          timeout=120, check=False)
+    found: dict[str, str] = {}
+    current = None
+    for line in proc.stdout.splitlines():
+        if line and not line[0].isspace() and line.endswith(":"):
+            current = line[:-1]
+        elif current and line.strip().startswith("Candidate:"):
+            version = line.split(":", 1)[1].strip()
+            if version != "(none)":
+                found[current] = version
+    return found
 
 
-def package_names() -> tuple[str, ...]:
-    libs = []
-    for base in ("libc6", "zlib1g", "libexpat1", "libssl3", "libffi8"):
-        libs.append(base if _available(base) or not _available(f"{base}t64") else f"{base}t64")
-    return (images.PACKAGE, *python_packages(), *libs)
+LIBRARIES = ("libc6", "zlib1g", "libexpat1", "libssl3", "libffi8")
+
+
+def packages() -> dict[str, str]:
+    """Each package of the image and the version apt would download (Debian 13's ``t64``
+    library names where those are what the archive has)."""
+    libs = [*LIBRARIES, *(f"{lib}t64" for lib in LIBRARIES)]
+    wanted = (images.PACKAGE, *python_packages())
+    have = candidates((*wanted, *libs))
+    chosen = [*wanted, *(lib if lib in have or f"{lib}t64" not in have else f"{lib}t64"
+                         for lib in LIBRARIES)]
+    missing = [name for name in chosen if name not in have]
+    if missing:
+        raise LabError(f"apt has no candidate for {', '.join(missing)} (the lab's acceptance "
+                       "image needs them: lab/kube/acceptance_image.py)")
+    return {name: have[name] for name in chosen}
 
 
 def _download(names: tuple[str, ...], directory: Path) -> list[Path]:
@@ -127,7 +150,7 @@ def _layout(root: Path) -> None:
             link.symlink_to("busybox")
     python = root / "usr/bin/python3"
     if not python.exists():
-        python.symlink_to(f"python3.{sys.version_info.minor}")
+        python.symlink_to(next((root / "usr/bin").glob("python3.*")).name)
     sim = root / SIM_IN_IMAGE
     sim.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(SIM_SCRIPT, sim)
@@ -179,27 +202,13 @@ def _cached(directory: Path, key: str) -> Archive | None:
     return None
 
 
-def _versions(names: tuple[str, ...]) -> dict[str, str]:
-    """The candidate version apt would download of each package."""
-    out = {}
-    for name in names:
-        proc = subprocess.run(["apt-cache", "policy", name], capture_output=True, text=True,
-                              timeout=60, check=False)
-        found = re.search(r"Candidate:\s*(\S+)", proc.stdout)
-        if proc.returncode != 0 or found is None or found.group(1) == "(none)":
-            raise LabError(f"apt has no candidate for {name} (the lab's acceptance image "
-                           "needs it: lab/kube/acceptance_image.py)")
-        out[name] = found.group(1)
-    return out
-
-
 def ensure_archive(paths: LabPaths) -> Archive:
     """The acceptance image archive in the lab cache, built once per package set and script."""
     directory = images.cache_dir(paths)
     directory.mkdir(parents=True, exist_ok=True)
-    names = package_names()
-    packages = _versions(names)
-    key = _key(packages)
+    versions = packages()
+    names = tuple(versions)
+    key = _key(versions)
     found = _cached(directory, key)
     if found is not None:
         return found
@@ -213,7 +222,7 @@ def ensure_archive(paths: LabPaths) -> Archive:
         _layout(root)
         layer_tar = images._tar(_tree_members(root))  # type: ignore[arg-type]
         layer_digest = "sha256:" + hashlib.sha256(layer_tar).hexdigest()
-        config = _config(layer_digest, packages)
+        config = _config(layer_digest, versions)
         config_hex = hashlib.sha256(config).hexdigest()
         layer_path = f"{layer_digest.removeprefix('sha256:')}/layer.tar"
         manifest = [{"Config": f"{config_hex}.json", "RepoTags": [IMAGE],
@@ -226,9 +235,9 @@ def ensure_archive(paths: LabPaths) -> Archive:
         partial = path.with_suffix(".part")
         partial.write_bytes(data)
         partial.rename(path)
-    archive = Archive(path, f"sha256:{config_hex}", packages)
+    archive = Archive(path, f"sha256:{config_hex}", versions)
     path.with_suffix(".json").write_text(json.dumps({
-        "image": IMAGE, "image_id": archive.image_id, "packages": packages,
+        "image": IMAGE, "image_id": archive.image_id, "packages": versions,
         "sha256": hashlib.sha256(data).hexdigest(), "recipe": RECIPE,
         "simulated": "all_reduce_perf (lab/sim/all_reduce_perf.py)",
         "source": "apt-get download on this machine (Debian's archive)",

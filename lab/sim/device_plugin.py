@@ -34,9 +34,10 @@ capacity and allocatable:
 - Allocate answers each container with ``NVIDIA_VISIBLE_DEVICES`` = the requested UUIDs joined by
   commas and, where the real toolkit would inject the driver (SIMULATED), read-only mounts of
   the host's simulated GPUs ($GPUREADY_LAB_HW, $GPUREADY_LAB_RUN) at the simulators' default
-  paths, so nccl-tests in a Pod's image see the node's GPUs; it refuses an unknown ID with the real message ("invalid request: unknown device:
-  ..."). GetPreferredAllocation takes the required devices, then free ones on the same NUMA node
-  first, then by index (SIMULATED: the real one ranks by NVLink topology through NVML).
+  paths, so nccl-tests in a Pod's image see the node's GPUs; it refuses an unknown ID with the
+  real message ("invalid request: unknown device: ..."). GetPreferredAllocation takes the
+  required devices, then free ones on the same NUMA node first, then by index (SIMULATED: the
+  real one ranks by NVLink topology through NVML).
 - Configuration, as the GPU Operator's config-manager hands it to the real plugin: the
   ClusterPolicy's ``devicePlugin.config`` names the ConfigMap (in the operator's namespace,
   $GPUREADY_SIM_OPERATOR_NAMESPACE, default gpu-operator) and its default key; the Node's

@@ -249,6 +249,11 @@ def test_allocate_answers_with_nvidia_visible_devices(node: Node) -> None:
         assert [dict(c.envs) for c in response.container_responses] == [
             {"NVIDIA_VISIBLE_DEVICES": f"{UUIDS[3]},{UUIDS[1]}"},
             {"NVIDIA_VISIBLE_DEVICES": UUIDS[7]}]
+        # The simulated driver, mounted read-only where the simulators in an image read it.
+        assert [(m.host_path, m.container_path, m.read_only)
+                for m in response.container_responses[0].mounts] == [
+            (str(node.hw), "/opt/gpuready-lab/hw", True),
+            (str(node.root / "run"), "/run/gpuready-lab", True)]
         bad = M["AllocateRequest"]()
         bad.container_requests.add(devices_ids=["GPU-00000000-0000-0000-0000-000000000000"])
         with pytest.raises(grpc.RpcError) as refused:

@@ -156,3 +156,31 @@ def test_daemon_is_the_only_process_left_when_its_starter_returns(node, tool, ar
     finally:
         os.kill(pid, signal.SIGTERM)
     wait_for(lambda: not marker.exists())
+
+
+def test_a_process_in_another_pid_namespace_sees_the_fabric_manager_through_its_lock(
+        node: Path) -> None:
+    """all_reduce_perf in a container (the lab's acceptance Pods: another PID namespace, the
+    run directory mounted in) cannot test the fabric manager's pid; it sees the lock the daemon
+    holds while it runs, and no lock once it stopped."""
+    reduce_sim = SIM.with_name("all_reduce_perf.py")
+
+    def in_own_pid_namespace() -> str:
+        proc = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(reduce_sim),
+             "-b", "1M", "-e", "1M", "-g", "8"],
+            env=env(node, "all_reduce_perf", "2.17.1"), capture_output=True, text=True,
+            timeout=30, check=False)
+        return proc.stdout + proc.stderr
+
+    cfg = node / "fabricmanager.cfg"
+    cfg.write_text("LOG_FILE_NAME=/var/log/fabricmanager.log\nDAEMONIZE=0\n")
+    proc = start(node, "nv-fabricmanager", "550.90.07", "-c", str(cfg))
+    try:
+        wait_for((node / "run" / "nv-fabricmanager.pid").exists)
+        # In a fresh PID namespace the daemon's pid is not there (or is someone else).
+        assert "# Avg bus bandwidth" in in_own_pid_namespace()
+    finally:
+        code, _, _ = stop(proc)
+    assert code == 0
+    assert "'system not yet initialized'" in in_own_pid_namespace()
