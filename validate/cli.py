@@ -30,6 +30,8 @@ keeps it so; bench/cli_startup.py measures it).
                                                  (validate/cluster/, docs/cluster.md)
     python -m validate upgrade plan|drain|mark|finish -i <inventory> ...   a rolling
                                                  upgrade's Kubernetes side (validate/upgrade.py)
+    python -m validate acceptance -i <inventory> [--pool POOL] [--timeout S]   the acceptance
+                                                 Jobs through Kueue (validate/acceptance.py)
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ FAMILIES = (
     "validate.drift.cli",  # drift, history
     "validate.cluster.cli",  # cluster render|apply
     "validate.upgrade_cli",  # upgrade plan|drain|mark|finish
+    "validate.acceptance_cli",  # acceptance
 )
 
 

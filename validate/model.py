@@ -50,10 +50,12 @@ def worst(statuses: list[Status]) -> Status:
 DEFAULT_NODE_DEADLINE_S = 3600.0
 
 
-# The kinds of run a reports root holds (run.json's ``run_kind``): validation and drift.
+# The kinds of run a reports root holds (run.json's ``run_kind``): validation, drift and the
+# cluster's acceptance through its queues (validate/acceptance.py).
 VALIDATION = "validation"
 DRIFT = "drift"
-RUN_KINDS = (VALIDATION, DRIFT)
+ACCEPTANCE = "acceptance"
+RUN_KINDS = (VALIDATION, DRIFT, ACCEPTANCE)
 # A figure's baseline (validate history, drift's performance layer): the median of the last
 # DEFAULT_K passing runs, given at least DEFAULT_MIN_RUNS; a value DEFAULT_MARGIN below it drifted.
 DEFAULT_K = 5

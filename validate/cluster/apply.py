@@ -148,6 +148,19 @@ class ClusterApi:
         return list(_checked(kube_response.items, f"GET {path}", doc, kind.kind,
                              kind.api_version))
 
+    def text(self, path: str, query: Sequence[tuple[str, str]] = ()) -> str:
+        """A GET whose answer is text, not JSON (a Pod's log)."""
+        deadline = time.monotonic() + BUSY_RETRY_S
+        while True:
+            try:
+                data = self._request("GET", path, query, None, "", decode=False)
+            except Busy as exc:
+                if time.monotonic() + exc.retry_after_s > deadline:
+                    raise ApplyError(str(exc)) from None
+                time.sleep(exc.retry_after_s)
+                continue
+            return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+
     def request(self, method: str, path: str, query: Sequence[tuple[str, str]] = (),
                 body: Any = None, content_type: str = "application/json") -> Any:
         """One request; a 429 (the server busy, or a CRD's storage still initialising just
@@ -163,8 +176,8 @@ class ClusterApi:
                 time.sleep(exc.retry_after_s)
 
     def _request(self, method: str, path: str, query: Sequence[tuple[str, str]],
-                 body: Any, content_type: str) -> Any:
-        headers = {"Accept": "application/json"}
+                 body: Any, content_type: str, *, decode: bool = True) -> Any:
+        headers = {"Accept": "application/json" if decode else "*/*"}
         if body is not None:
             headers["Content-Type"] = content_type
         params = self._api.param_serialize(
@@ -197,6 +210,8 @@ class ClusterApi:
             if status == 403:
                 raise ApplyError(kube_response.refusal(endpoint, self.server, status, message))
             raise ApplyError(f"{endpoint}: the API server answered {status}: {message}")
+        if not decode:
+            return data
         try:
             return kube_response.decode(endpoint, data)
         except kube_response.BadResponse as exc:

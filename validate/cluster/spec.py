@@ -229,6 +229,20 @@ def sharing_of(gpu_pool: Mapping[str, str], replicas: Any) -> tuple[Sharing | No
                   f"device plugin is configured for (one of {', '.join(SHARING_MODES)})")
 
 
+def _acceptance_settings(glob: Mapping[str, Any], where: Any, problems: _Problems
+                         ) -> tuple[bool, str]:
+    """``gpuready_cluster_acceptance_host_network`` and ``_pull_policy``, checked."""
+    host_network = glob.get(ACCEPTANCE_HOST_NETWORK, False)
+    if not isinstance(host_network, bool):
+        problems.add(ACCEPTANCE_HOST_NETWORK, where(ACCEPTANCE_HOST_NETWORK),
+                     f"is {host_network!r}, not true or false")
+    pull_policy = glob.get(ACCEPTANCE_PULL_POLICY, "IfNotPresent")
+    if pull_policy not in PULL_POLICIES:
+        problems.add(ACCEPTANCE_PULL_POLICY, where(ACCEPTANCE_PULL_POLICY),
+                     f"is {pull_policy!r}, not one of {', '.join(PULL_POLICIES)}")
+    return host_network is True, str(pull_policy)
+
+
 def load_spec(source: Path) -> ClusterSpec:
     """The cluster the inventory at ``source`` declares. Raises InventoryError listing every
     problem (module docstring), nothing having been contacted."""
@@ -295,14 +309,8 @@ def load_spec(source: Path) -> ClusterSpec:
     if not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image):
         problems.add(ACCEPTANCE_IMAGE, where(first_host, ACCEPTANCE_IMAGE),
                      f"is {image!r}, not an image reference")
-    host_network = glob.get(ACCEPTANCE_HOST_NETWORK, False)
-    if not isinstance(host_network, bool):
-        problems.add(ACCEPTANCE_HOST_NETWORK, where(first_host, ACCEPTANCE_HOST_NETWORK),
-                     f"is {host_network!r}, not true or false")
-    pull_policy = glob.get(ACCEPTANCE_PULL_POLICY, "IfNotPresent")
-    if pull_policy not in PULL_POLICIES:
-        problems.add(ACCEPTANCE_PULL_POLICY, where(first_host, ACCEPTANCE_PULL_POLICY),
-                     f"is {pull_policy!r}, not one of {', '.join(PULL_POLICIES)}")
+    host_network, pull_policy = _acceptance_settings(
+        glob, lambda var: where(first_host, var), problems)
     teams: tuple[TeamSpec, ...] = ()
     _node_names(nodes, problems)
     if TEAMS in glob:
@@ -314,8 +322,8 @@ def load_spec(source: Path) -> ClusterSpec:
             "rendered or applied:\n  " + "\n  ".join(problems.lines))
     return ClusterSpec(source=source, label_prefix=prefix, pools=tuple(pools), teams=teams,
                        operator_namespace=str(operator_ns), acceptance_image=str(image),
-                       acceptance_host_network=host_network is True,
-                       acceptance_pull_policy=str(pull_policy),
+                       acceptance_host_network=host_network,
+                       acceptance_pull_policy=pull_policy,
                        kubeconfig=nodes[0].desired.gate.kubeconfig if nodes else None)
 
 

@@ -1,0 +1,168 @@
+"""``validate acceptance`` (validate/acceptance.py): the Pod's log judged, and the run against a
+real kube-apiserver.
+
+The log is the rendered acceptance script run for real by this machine's ``/bin/sh`` with its
+real ``dd`` and ``sha256sum``; ``all_reduce_perf`` there replays a real capture
+(tests/fixtures/nccl-tests, 8x A100-SXM4-80GB, NCCL 2.16.2), since no GPU is here. The lab runs
+the same script in a Pod, through Kueue, on its busybox image (tests/lab/test_cluster.py).
+
+Against a real API server with the pinned Kueue CRDs and no Kueue controller (none runs in the
+unit tier), the Job is submitted suspended and never admitted: the run says Kueue made no
+Workload, fails the pool under ``pool:<name>`` and writes its report beside ``latest`` without
+moving it. An API server that is not there stops the run with exit 3 and leaves no run behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.kube_helpers import LocalApiServer, core_api, running_apiserver
+from tests.unit.validate.cluster_inventories import REPO, lab_copy
+from tests.unit.validate.test_cluster_apply import CONTROLLERS, install_crds
+from validate import acceptance, cli
+from validate.checks.base import Verdict
+from validate.cluster.render import ACCEPTANCE_SCRIPT
+from validate.model import ExitCode, Status
+from validate.profiles import Band
+
+CAPTURE = (REPO / "tests/fixtures/nccl-tests"
+           / "all_reduce_perf-8x-a100-sxm4-80gb-single-node-nccl2.16.2.txt")
+BAND = Band(warn=200.0, fail=150.0)
+
+
+def script_log(tmp_path: Path, corrupt: bool = False) -> str:
+    """The rendered acceptance script's output, run here (real sh, dd and sha256sum)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "all_reduce_perf"
+    tool.write_text(f"#!/bin/sh\ncat {CAPTURE}\n")
+    tool.chmod(0o755)
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    script = ACCEPTANCE_SCRIPT.replace("/checkpoint", str(checkpoint))
+    if corrupt:  # the checkpoint changed between its write and its read
+        script = script.replace('echo "# gpuready acceptance: checkpoint-read"',
+                                f"echo x >> {checkpoint}/ckpt.bin\n"
+                                'echo "# gpuready acceptance: checkpoint-read"')
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPUS": "8",
+           "NCCL_BYTES": "1073741824", "CHECKPOINT_MIB": "4"}
+    proc = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env,
+                          timeout=60, check=False)
+    assert proc.returncode == (1 if corrupt else 0), proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def by_metric(verdicts: list[tuple[str, Verdict]]) -> dict[str, Verdict]:
+    return {f"{check}/{v.metric}": v for check, v in verdicts}
+
+
+def test_the_real_script_s_log_is_split_and_judged(tmp_path: Path) -> None:
+    log = script_log(tmp_path)
+    assert list(acceptance.sections(log)) == ["nccl", "checkpoint-write", "checkpoint-read",
+                                              "done"]
+    got = by_metric(acceptance.judge_log(log, 8, BAND))
+    assert got["acceptance.gpus/gpus"].status is Status.PASS
+    assert got["acceptance.gpus/gpus"].value == 8
+    # The capture's out-of-place bus bandwidth at its largest size (1 GiB): 231.72 GB/s.
+    busbw = got["acceptance.nccl/busbw_gbps"]
+    assert (busbw.status, busbw.value) == (Status.PASS, 231.72)
+    assert got["acceptance.nccl/wrong_results"].status is Status.PASS
+    assert got["acceptance.checkpoint/verified"].status is Status.PASS
+    for metric in ("write_mbps", "read_mbps"):
+        rate = got[f"acceptance.checkpoint/{metric}"].value
+        assert rate is not None and rate > 0
+
+
+def test_a_low_band_fails_fewer_gpus_fail_and_a_changed_checkpoint_fails(
+        tmp_path: Path) -> None:
+    got = by_metric(acceptance.judge_log(script_log(tmp_path), 16, Band(warn=400.0,
+                                                                         fail=300.0)))
+    assert got["acceptance.gpus/gpus"].status is Status.FAIL
+    assert "saw 8 GPU(s)" in got["acceptance.gpus/gpus"].detail
+    assert got["acceptance.nccl/busbw_gbps"].status is Status.FAIL
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    got = by_metric(acceptance.judge_log(script_log(corrupt, corrupt=True), 8, BAND))
+    verified = got["acceptance.checkpoint/verified"]
+    assert (verified.status, verified.code) == (Status.FAIL, "acceptance.checkpoint_mismatch")
+    assert "FAILED" in verified.detail
+
+
+def test_a_log_without_the_script_s_markers_is_an_error() -> None:
+    got = acceptance.judge_log("exec /bin/sh: no such file or directory\n", 8, BAND)
+    assert [(c, v.status, v.code) for c, v in got] == [
+        ("acceptance.nccl", Status.ERROR, "acceptance.no_output")]
+
+
+def test_dd_rates_of_gnu_and_busybox() -> None:
+    # GNU coreutils' line comes from running it here; busybox's is its format (busybox 1.35
+    # libbb/dd.c: "%llu bytes (%s) copied, %f seconds, %s/s"), checked in the lab's Pods.
+    proc = subprocess.run(["dd", "if=/dev/zero", "of=/dev/null", "bs=1M", "count=8"],
+                          capture_output=True, text=True, timeout=30, check=True)
+    rate = acceptance.dd_rate_mbps(proc.stderr)
+    assert rate is not None and rate > 0
+    busybox = "8388608 bytes (8.0MB) copied, 0.004000 seconds, 2.0GB/s\n"
+    assert acceptance.dd_rate_mbps(busybox) == pytest.approx(8388608 / 0.004 / 1e6)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApiServer]:
+    with running_apiserver(tmp_path_factory.mktemp("acceptance"), 26, CONTROLLERS) as found:
+        install_crds(found.kubeconfig)
+        core_api(found).create_namespace({"metadata": {"name": "gpu-operator"}})
+        yield found
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_a_cluster_without_kueue_gets_nothing_submitted(server: LocalApiServer,
+                                                         tmp_path: Path) -> None:
+    """The queues' CRDs (what `cluster apply` needs) but not Kueue's Workload: no Kueue runs
+    there, so a Job would wait for ever; the run says so before it submits anything."""
+    inv = lab_copy(tmp_path, "cluster")
+    code, _, err = run_cli("cluster", "apply", "-i", str(inv), "--kubeconfig",
+                           str(server.kubeconfig))
+    assert code == ExitCode.OK, err
+    reports = tmp_path / "reports"
+    code, out, err = run_cli("acceptance", "-i", str(inv), "--kubeconfig",
+                             str(server.kubeconfig), "--timeout", "3", "--out", str(reports),
+                             "--run-id", "acc-1")
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR, (out, err)
+    assert (f"error: Kueue is not installed on {server.url}: the API serves no "
+            "workloads.kueue.x-k8s.io/v1beta2") in err
+    assert "nothing was submitted" in err
+    assert list(reports.iterdir()) == []
+    from kubernetes import client  # noqa: PLC0415
+
+    batch = client.BatchV1Api(core_api(server).api_client)
+    assert batch.list_job_for_all_namespaces().items == []
+
+
+def test_an_api_server_that_is_not_there_stops_the_run_and_leaves_nothing(
+        tmp_path: Path, server: LocalApiServer) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    kubeconfig = yaml.safe_load(server.kubeconfig.read_text())
+    kubeconfig["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    dead = tmp_path / "kubeconfig"
+    dead.write_text(yaml.safe_dump(kubeconfig))
+    inv = lab_copy(tmp_path, "cluster")
+    reports = tmp_path / "reports"
+    code, out, err = run_cli("acceptance", "-i", str(inv), "--kubeconfig", str(dead),
+                             "--timeout", "3", "--out", str(reports))
+    assert code == ExitCode.UNREACHABLE, (out, err)
+    assert f"cannot reach the Kubernetes API at https://127.0.0.1:{port}" in err
+    assert list(reports.iterdir()) == []
