@@ -72,6 +72,13 @@ def provision(paths: LabPaths, hosts: list[LabHost]) -> None:
         return
     cluster.provision(paths.host_dir(cp.name) / "merged", cp,
                       build.read_go_mod().kubernetes_version)
+    # The API server reaches a kubelet (a Pod's log, exec) at the Node's hostname: each
+    # kubelet listens on its host's loopback address only, and the Node's InternalIP is this
+    # machine's default-route address (a kubelet refuses a loopback --node-ip), where no
+    # kubelet listens (cluster.kubeadm_config, kubelet-preferred-address-types).
+    with (paths.host_dir(cp.name) / "merged/etc/hosts").open("a") as etc_hosts:
+        etc_hosts.writelines(f"{h.address}\t{h.name}\n" for h in hosts
+                             if h.kind != CONTROL_PLANE and h.kubernetes == REAL)
     for host in hosts:
         if host.kind != CONTROL_PLANE:
             node.provision(paths.host_dir(host.name) / "merged", host.address)

@@ -149,6 +149,12 @@ def kubeadm_config(cp: LabHost, version: str) -> str:
                 # No kube-proxy routes a Service's ClusterIP here: webhooks and aggregated APIs
                 # (Kueue's) are reached through their Service's endpoints instead.
                 {"name": "enable-aggregator-routing", "value": "true"},
+                # A Pod's log and exec go to the kubelet at the Node's hostname, which the
+                # control-plane host's /etc/hosts maps to the kubelet's own loopback address;
+                # its InternalIP is this machine's default-route address, where no kubelet
+                # listens (lab.controlplane.provision).
+                {"name": "kubelet-preferred-address-types",
+                 "value": "Hostname,InternalIP,InternalDNS,ExternalDNS,ExternalIP"},
             ],
         },
         "controllerManager": {"extraArgs": [{"name": "bind-address", "value": addr}]},
