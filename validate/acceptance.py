@@ -75,6 +75,7 @@ CHECKS = ("acceptance.queue", "acceptance.placement", "acceptance.job", "accepta
 WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads"
 # dd's summary: GNU `... copied, 0.1 s, 340 MB/s`, busybox `... copied, 0.1 seconds, 325MB/s`.
 _DD = re.compile(r"^(\d+) bytes .*copied, ([0-9.]+) s(?:econds)?", re.MULTILINE)
+_UPTIME = re.compile(r"^checkpoint bytes (\d+) uptime ([0-9.]+) ([0-9.]+)$", re.MULTILINE)
 
 
 @dataclass
@@ -133,12 +134,20 @@ def sections(log: str) -> dict[str, str]:
 
 
 def dd_rate_mbps(text: str) -> float | None:
-    """MB/s (10^6 bytes per second) from ``dd``'s summary line, GNU's or busybox's."""
+    """MB/s (10^6 bytes per second) of a checkpoint step: from ``dd``'s summary line where it
+    printed one (GNU ``... copied, 0.1 s, 340 MB/s``, busybox with its third status line
+    ``... copied, 0.1 seconds, 325MB/s``), else from the script's ``checkpoint bytes N uptime T0
+    T1`` line (/proc/uptime, 10 ms: a step under 10 ms counts as 10 ms)."""
     found = _DD.search(text)
-    if found is None:
+    if found is not None:
+        moved, seconds = int(found.group(1)), float(found.group(2))
+        return moved / seconds / 1e6 if seconds > 0 else None
+    timed = _UPTIME.search(text)
+    if timed is None:
         return None
-    moved, seconds = int(found.group(1)), float(found.group(2))
-    return moved / seconds / 1e6 if seconds > 0 else None
+    moved = int(timed.group(1))
+    seconds = max(float(timed.group(3)) - float(timed.group(2)), 0.01)
+    return moved / seconds / 1e6
 
 
 def judge_log(log: str, gpus: int, band: Band | None, band_problem: str = ""

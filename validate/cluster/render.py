@@ -291,14 +291,21 @@ ACCEPTANCE_SCRIPT = f"""\
 set -eu
 # Single-node NCCL all-reduce across the node's GPUs (nccl-tests), then a checkpoint written,
 # synced, read back and compared: the seed's acceptance steps, as a workload. The marker lines
-# split the log for validate acceptance.
+# split the log for validate acceptance; each checkpoint step is timed by /proc/uptime (10 ms
+# resolution; every dd prints its byte count, not every dd its time: busybox's does not).
 echo "{ACCEPTANCE_MARK} nccl"
 all_reduce_perf -b "$NCCL_BYTES" -e "$NCCL_BYTES" -f 2 -g "$GPUS" -c 1
 echo "{ACCEPTANCE_MARK} checkpoint-write"
+read -r t0 _ < /proc/uptime
 dd if=/dev/urandom of=/checkpoint/ckpt.bin bs=1M count="$CHECKPOINT_MIB" conv=fsync 2>&1
+read -r t1 _ < /proc/uptime
+echo "checkpoint bytes $((CHECKPOINT_MIB * 1048576)) uptime $t0 $t1"
 sha256sum /checkpoint/ckpt.bin > /checkpoint/ckpt.sha256
 echo "{ACCEPTANCE_MARK} checkpoint-read"
+read -r t0 _ < /proc/uptime
 dd if=/checkpoint/ckpt.bin of=/dev/null bs=1M 2>&1
+read -r t1 _ < /proc/uptime
+echo "checkpoint bytes $((CHECKPOINT_MIB * 1048576)) uptime $t0 $t1"
 sha256sum -c /checkpoint/ckpt.sha256
 echo "{ACCEPTANCE_MARK} done"
 """

@@ -116,7 +116,7 @@ def test_bad_run_json_is_named(fleet_run: tuple[Path, list[CheckResult], RunInfo
     with pytest.raises(RunInfoError, match="not JSON"):
         runinfo.from_json("{")
     with pytest.raises(RunInfoError, match="field 'run_kind': expected one of validation, "
-                                           "drift, got 'nightly'"):
+                                           "drift, acceptance, got 'nightly'"):
         runinfo.from_json(json.dumps({**doc, "run_kind": "nightly"}))
 
 
