@@ -30,7 +30,6 @@ its profile requires (a run of ``gpu.*`` alone could keep node2 out but never ad
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import re
@@ -44,8 +43,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from lab import controlplane, core, hosts
-from lab.kube import images
+from lab import cluster_layer, controlplane, core, hosts
+from lab.kube import acceptance_image, images
 from lab.kube.cluster import ca_file
 from lab.kueue import install as kueue_install
 from lab.paths import REPO_ROOT, LabPaths
@@ -61,10 +60,8 @@ from validate.model import ExitCode
 # The join itself is a no_log task (ansible-core 2.19 censors its result, "changed" included);
 # the task that removes the JoinConfiguration after it shows that the join ran.
 JOINED_TASK = "Remove the JoinConfiguration (it holds the token)"
-# The lab inventory's research team (inventory/lab/group_vars/all/cluster.yml) and the
-# acceptance Job the cluster layer renders for its pool.
+# The lab inventory's research team (inventory/lab/group_vars/all/cluster.yml).
 TEAM = "research"
-ACCEPTANCE_JOB = "acceptance-pool-h100-sxm"
 
 
 @pytest.fixture(scope="module")
@@ -518,15 +515,17 @@ def test_a_time_sliced_pool_s_nodes_advertise_gpus_times_replicas(
     cluster.log.append(f"time-slicing and back: {time.monotonic() - started:.0f} s")
 
 
-def _job(name: str, queue: str | None, gpus: int, command: str = "echo done") -> dict[str, Any]:
-    """A Job of the lab's image in the research team's namespace (host network, image never
-    pulled: lab/kube/images.py), with the queue label a team's job carries when it has one."""
+def _job(name: str, queue: str | None, gpus: int, command: str = "echo done",
+         namespace: str = TEAM) -> dict[str, Any]:
+    """A Job of the lab's image in a team's namespace (the research team's unless told; host
+    network, image never pulled: lab/kube/images.py), with the queue label a team's job carries
+    when it has one."""
     labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
     resources = {"requests": {"nvidia.com/gpu": str(gpus)},
                  "limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
     return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": TEAM, "labels": labels},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {"backoffLimit": 0, "template": {"spec": {
             "restartPolicy": "Never", "hostNetwork": True,
             "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
@@ -537,24 +536,6 @@ def _job(name: str, queue: str | None, gpus: int, command: str = "echo done") ->
                             "securityContext": {"allowPrivilegeEscalation": False,
                                                 "capabilities": {"drop": ["ALL"]}}}]}}},
     }
-
-
-@contextlib.contextmanager
-def _host_network_allowed(cluster: Cluster) -> Iterator[None]:
-    """The team namespace's Pod Security at `privileged` for the duration, then back at
-    `restricted` as `cluster apply` set it: the lab's Pods must use the host's network (its CNI
-    cannot make a network namespace, kube_pods.sleep_pod), which `restricted` forbids; the
-    Jobs below meet every other rule of `restricted`."""
-    label = "pod-security.kubernetes.io/enforce"
-    proc = kube_pods.kubectl(cluster.kubeconfig, "label", "namespace", TEAM,
-                             f"{label}=privileged", "--overwrite")
-    assert proc.returncode == 0, proc.stderr
-    try:
-        yield
-    finally:
-        proc = kube_pods.kubectl(cluster.kubeconfig, "label", "namespace", TEAM,
-                                 f"{label}=restricted", "--overwrite")
-        assert proc.returncode == 0, proc.stderr
 
 
 def _events(cluster: Cluster) -> str:
@@ -578,9 +559,9 @@ def _get(cluster: Cluster, kind: str, name: str) -> dict[str, Any]:
     return found
 
 
-def _workload_of(cluster: Cluster, job: str) -> dict[str, Any] | None:
-    proc = kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "get", "workloads.kueue.x-k8s.io",
-                             "-o", "json")
+def _workload_of(cluster: Cluster, job: str, namespace: str = TEAM) -> dict[str, Any] | None:
+    proc = kube_pods.kubectl(cluster.kubeconfig, "-n", namespace, "get",
+                             "workloads.kueue.x-k8s.io", "-o", "json")
     assert proc.returncode == 0, proc.stderr
     for item in json.loads(proc.stdout)["items"]:
         if any(o.get("kind") == "Job" and o.get("name") == job
@@ -615,15 +596,11 @@ def test_kueue_admits_queued_jobs_onto_admitted_nodes_only(cluster: Cluster,
     suspended, and its Workload says why."""
     del first_site
     started = time.monotonic()
-    # The rendered acceptance Job (8 GPUs, an image no lab host has) would take the whole
-    # pool's quota as soon as a Kueue runs; this test is about the queue, not that Job.
-    kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "delete", "job", ACCEPTANCE_JOB,
-                      "--ignore-not-found", "--cascade=foreground")
     took = kueue_install.install(cluster.paths, cluster.state)
     cluster.log.append(f"Kueue installed and ready: {took:.0f} s")
     for name in ("node1", "node2"):
         images.load(cluster.paths, name)
-    with _host_network_allowed(cluster):
+    with cluster_layer.host_network_allowed(cluster.paths, [TEAM]):
         _run_jobs(cluster)
     cluster.log.append(f"Kueue Jobs: {time.monotonic() - started - took:.0f} s")
 
@@ -707,6 +684,100 @@ def _gpu_usage(cluster: Cluster, queue: str) -> dict[str, str] | None:
                 return {"total": str(resource["total"]),
                         "borrowed": str(resource.get("borrowed", "0"))}
     return None
+
+
+def test_validate_acceptance_runs_through_kueue_on_the_admitted_node(
+        cluster: Cluster, first_site: PlaybookRun, tmp_path: Path) -> None:
+    """`validate acceptance` on the lab's real cluster, Kueue running (the test above): the H100
+    pool's acceptance Job, 8 GPUs, goes through the research team's LocalQueue (4 GPUs of its
+    own, 4 borrowed from its cohort), Kueue admits it, the scheduler puts its Pod on node1 (the
+    node the gate admitted; node2, kept out, has the same GPUs idle), the kubelet runs the lab's
+    acceptance image (Debian's Python and busybox, the SIMULATED nccl-tests) with the GPUs the
+    lab's device plugin allocated, and the report holds every acceptance row, passed, under
+    node1."""
+    del first_site
+    started = time.monotonic()
+    for name in ("node1", "node2"):
+        assert acceptance_image.load(cluster.paths, name) == acceptance_image.IMAGE
+    loaded = time.monotonic() - started
+    reports = tmp_path / "reports"
+    out, err = io.StringIO(), io.StringIO()
+    with cluster_layer.host_network_allowed(cluster.paths, [TEAM]):
+        rc = cli.main(["acceptance", "-i", str(cluster.paths.inventory_dir), "--timeout", "240",
+                       "--checkpoint-mib", "16", "--out", str(reports), "--run-id", "lab-acc"],
+                      stdout=out, stderr=err)
+    text = out.getvalue() + err.getvalue()
+    if rc != ExitCode.OK:
+        logs = kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "logs", "--tail=20",
+                                 "-l", "gpuready.io/acceptance-run=lab-acc")
+        raise AssertionError(f"{text}\nkubectl logs: {logs.stdout[-2000:]} {logs.stderr}\n"
+                             f"events in {TEAM}:\n{_events(cluster)}")
+    assert "admitted by Kueue (ClusterQueue research, flavor pool-h100-sxm)" in text, text
+    rows = pd.read_parquet(reports / "lab-acc" / "results.parquet")
+    assert set(rows["node"]) == {"node1"}, rows
+    assert set(rows["status"]) == {"pass"}, rows[["check", "metric", "status", "detail"]]
+    assert sorted(zip(rows["check"], rows["metric"], strict=True)) == [
+        ("acceptance.checkpoint", "read_mbps"), ("acceptance.checkpoint", "verified"),
+        ("acceptance.checkpoint", "write_mbps"), ("acceptance.gpus", "gpus"),
+        ("acceptance.job", "duration_s"), ("acceptance.nccl", "busbw_gbps"),
+        ("acceptance.nccl", "wrong_results"), ("acceptance.placement", "validated"),
+        ("acceptance.queue", "queue_wait_s")]
+    gpus = rows[rows["check"] == "acceptance.gpus"].iloc[0]
+    assert gpus["value"] == 8, gpus["detail"]
+    assert "on node1" in gpus["detail"], gpus["detail"]
+    metrics = (reports / "lab-acc" / "metrics.prom").read_text()
+    assert ('gpuready_acceptance_passed{pool="pool_h100_sxm",team="research",queue="research"} 1'
+            in metrics), metrics
+    # Kueue's own record: the run's Workload admitted, its Job complete.
+    workloads = json.loads(kube_pods.kubectl(
+        cluster.kubeconfig, "-n", TEAM, "get", "workloads.kueue.x-k8s.io", "-o", "json").stdout)
+    mine = [w for w in workloads["items"] if any(
+        o.get("name", "").startswith("acceptance-pool-h100-sxm-lab-acc")
+        for o in w["metadata"].get("ownerReferences", []))]
+    assert [_condition(w, "Admitted").get("status") for w in mine] == ["True"], mine
+    cluster.log.append(f"validate acceptance: image into 2 nodes {loaded:.0f} s, run "
+                       f"{time.monotonic() - started - loaded:.0f} s")
+
+
+def test_validate_acceptance_shows_why_a_team_over_its_quota_waits(
+        cluster: Cluster, first_site: PlaybookRun, tmp_path: Path) -> None:
+    """The platform team takes its 4 H100 GPUs (a Job through its own queue); the research
+    team's acceptance (8 GPUs: its 4 and 4 it could borrow in the cohort, now in use) cannot be
+    admitted: `validate acceptance` fails the pool under `pool:pool-h100-sxm`, with Kueue's own
+    reason, and the Job stays suspended. Borrowing stops where the lender's use begins."""
+    del first_site
+    started = time.monotonic()
+    platform = "platform"
+    with cluster_layer.host_network_allowed(cluster.paths, [TEAM, platform]):
+        try:
+            _create(cluster, _job("hold", platform, 4, "sleep 120", namespace=platform))
+            kube_pods.wait_for("platform's Job admitted", lambda: (
+                w := _workload_of(cluster, "hold", platform))
+                and _condition(w, "Admitted").get("status") == "True")
+            reports = tmp_path / "reports"
+            out, err = io.StringIO(), io.StringIO()
+            rc = cli.main(["acceptance", "-i", str(cluster.paths.inventory_dir), "--timeout",
+                           "15", "--checkpoint-mib", "16", "--out", str(reports), "--run-id",
+                           "lab-over"], stdout=out, stderr=err)
+        finally:
+            kube_pods.kubectl(cluster.kubeconfig, "-n", platform, "delete", "job", "hold",
+                              "--ignore-not-found", "--wait=false")
+    text = out.getvalue() + err.getvalue()
+    assert rc == ExitCode.CHECK_FAILED, text
+    rows = pd.read_parquet(reports / "lab-over" / "results.parquet")
+    assert rows[["node", "check", "status", "code"]].values.tolist() == [
+        ["pool:pool-h100-sxm", "acceptance.queue", "fail", "acceptance.not_admitted"]], text
+    detail = rows.iloc[0]["detail"]
+    assert "not admitted: QuotaReserved=False" in detail, detail
+    assert "insufficient unused quota for nvidia.com/gpu in flavor pool-h100-sxm" in detail, \
+        detail
+    jobs = json.loads(kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "get", "jobs", "-l",
+                                        "gpuready.io/acceptance-run=lab-over", "-o",
+                                        "json").stdout)["items"]
+    assert [j["spec"]["suspend"] for j in jobs] == [True]
+    kube_pods.kubectl(cluster.kubeconfig, "-n", TEAM, "delete", "jobs", "-l",
+                      "gpuready.io/acceptance-run=lab-over", "--wait=false")
+    cluster.log.append(f"validate acceptance over quota: {time.monotonic() - started:.0f} s")
 
 
 def test_the_join_token_appears_nowhere(cluster: Cluster, first_site: PlaybookRun) -> None:
