@@ -1,9 +1,12 @@
-"""`make demo`: the whole pipeline on the lab, ending with the cluster and the report.
+"""`make demo`: the whole pipeline on the lab, ending with a workload through the queue.
 
 Boots the demo fleet (one healthy host per pool, one with three injected faults, and the control
 plane cp1: real Kubernetes built from source, set up by the real kubeadm), runs
 `playbooks/site.yml` on it (bootstrap, join the cluster tainted, validate, gate), shows the
-Nodes as `kubectl get nodes --show-labels` lists them and prints where the report is. The lab
+Nodes as `kubectl get nodes --show-labels` lists them and prints where the report is. Then the
+cluster layer and the acceptance (lab/cluster_layer.py): Kueue installed for real,
+`playbooks/cluster.yml`, `playbooks/acceptance.yml`, and Kueue's Workloads, the Jobs and the
+nodes their Pods ran on. The lab
 stays up so you can look around; `make lab-down` stops it. Run again while that lab is up, it
 runs the pipeline on the same hosts: a converged host has nothing to change, and the validators
 and the gate judge it again.
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from lab import controlplane, core
+from lab import cluster_layer, controlplane, core
 from lab.errors import LabError
 from lab.paths import REPO_ROOT, LabPaths
 
@@ -80,12 +83,69 @@ def main(argv: list[str] | None = None) -> int:
               "junit.xml, metrics.prom)")
     else:
         print("demo: no report was written; see the play output above", file=sys.stderr)
+    accepted = True
+    if controlplane.control_plane(state.hosts) is not None and kubeconfig.exists():
+        try:
+            accepted = _acceptance(paths, state, env)
+        except LabError as exc:
+            print(f"demo: error: {exc}", file=sys.stderr)
+            accepted = False
     if args.down:
         core.down(paths)
         print("demo: lab stopped")
     else:
         print("demo: the lab is still up (`python -m lab status`); `make lab-down` stops it")
-    return 0 if latest.exists() else 1
+    return 0 if latest.exists() and accepted else 1
+
+
+def _acceptance(paths: LabPaths, state: core.LabState, env: dict[str, str]) -> bool:
+    """The cluster layer and the acceptance through Kueue: playbooks/cluster.yml and
+    playbooks/acceptance.yml, then what Kueue and the scheduler did (lab/cluster_layer.py)."""
+    from validate.cluster.render import acceptance_team  # noqa: PLC0415 (Ansible: slow)
+    from validate.cluster.spec import load_spec  # noqa: PLC0415
+
+    inventory = paths.inventory_dir
+    print("\ndemo: the cluster layer: the GPU Operator's ClusterPolicy CRD (no operator runs "
+          "here: its device plugin is SIMULATED and reads what cluster.yml writes) and Kueue "
+          "v0.19.2 (built from source, running for real)")
+    took = cluster_layer.prepare(paths, state)
+    print(f"demo: Kueue ready ({took:.0f} s); running playbooks/cluster.yml")
+    playbook = str(Path(sys.executable).parent / "ansible-playbook")
+    cluster = subprocess.run([playbook, "-i", str(inventory), "playbooks/cluster.yml"],
+                             cwd=REPO_ROOT, env=env, check=False)
+    if cluster.returncode != 0:
+        print(f"demo: cluster.yml exited {cluster.returncode}", file=sys.stderr)
+        return False
+    spec = load_spec(inventory)
+    namespaces = sorted({team.namespace for pool in spec.pools
+                         if (team := acceptance_team(spec, pool)) is not None})
+    cluster_layer.load_acceptance_image(paths, cluster_layer.gpu_kubelet_hosts(state))
+    print("demo: running playbooks/acceptance.yml: each pool's acceptance Job through its team's "
+          "Kueue queue, on the lab's acceptance image (SIMULATED nccl-tests; the lab's Pods use "
+          "the host network, so Pod Security in namespace(s) "
+          f"{', '.join(namespaces)} allows it while they run)")
+    with cluster_layer.host_network_allowed(paths, namespaces):
+        run = subprocess.run([playbook, "-i", str(inventory), "playbooks/acceptance.yml",
+                              "-e", "acceptance_checkpoint_mib=64",
+                              "-e", "acceptance_timeout_s=180"],
+                             cwd=REPO_ROOT, env=env, check=False)
+    selector = "gpuready.io/acceptance-run"
+    for title, args in (
+            ("Kueue's Workloads (kubectl get workloads -A)", ("get", "workloads", "-A")),
+            ("the acceptance Jobs (kubectl get jobs -A -l gpuready.io/acceptance-run)",
+             ("get", "jobs", "-A", "-l", selector)),
+            ("where their Pods ran (kubectl get pods -A -o wide -l ...)",
+             ("get", "pods", "-A", "-l", selector, "-o",
+              "custom-columns=NAMESPACE:.metadata.namespace,POD:.metadata.name,"
+              "NODE:.spec.nodeName,STATUS:.status.phase,"
+              "GPUS:.spec.containers[0].resources.limits.nvidia\\.com/gpu"))):
+        print(f"demo: {title}:")
+        print(cluster_layer.kubectl(paths, *args, check=False).stdout, end="")
+    report = REPO_ROOT / "reports" / "latest-acceptance"
+    if report.exists():
+        print(f"demo: acceptance report: {report.resolve()}/summary.md")
+    print(f"demo: acceptance.yml exited {run.returncode}")
+    return run.returncode == 0
 
 
 if __name__ == "__main__":

@@ -214,7 +214,8 @@ class Acceptance:
         self.by_pool = {n.pool: n for n in nodes}
         self.skipped: list[str] = []
         self.runs: list[PoolRun] = []
-        suffix = re.sub(r"[^a-z0-9-]", "-", run_id.lower())[-20:].strip("-")
+        # The run's id in each Job's name (a Job name is a DNS label: 63 characters at most).
+        suffix = re.sub(r"[^a-z0-9-]", "-", run_id.lower())[-30:].strip("-")
         for pool in spec.pools:
             if pools and pool.group not in pools and pool.name not in pools:
                 continue
@@ -229,8 +230,9 @@ class Acceptance:
                 band = profile.band("nccl.allreduce_busbw_gbps") if profile else None
             except ProfileError as exc:
                 problem = str(exc)
-            self.runs.append(PoolRun(pool, team, f"acceptance-{pool.name}-{suffix}"[:63]
-                                     .rstrip("-"), node.profile if node else "", band, problem))
+            name = f"acceptance-{pool.name}"[:62 - len(suffix)].rstrip("-") + f"-{suffix}"
+            self.runs.append(PoolRun(pool, team, name, node.profile if node else "", band,
+                                     problem))
 
     def _nccl_bytes(self, run: PoolRun) -> int:
         node = self.by_pool.get(run.pool.group)
