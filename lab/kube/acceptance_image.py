@@ -232,16 +232,19 @@ def ensure_archive(paths: LabPaths) -> Archive:
                             images._member(layer_path, data=layer_tar),
                             images._member("manifest.json", data=json.dumps(manifest).encode())])
         path = directory / f"acceptance-r{RECIPE}-{key}.tar"
-        partial = path.with_suffix(".part")
+        # Its own partial file: the unit tests and a lab session may build it at once.
+        partial = directory / f".{path.name}.{os.getpid()}.part"
         partial.write_bytes(data)
-        partial.rename(path)
+        partial.replace(path)
     archive = Archive(path, f"sha256:{config_hex}", versions)
-    path.with_suffix(".json").write_text(json.dumps({
+    record = path.with_suffix(f".json.{os.getpid()}")
+    record.write_text(json.dumps({
         "image": IMAGE, "image_id": archive.image_id, "packages": versions,
         "sha256": hashlib.sha256(data).hexdigest(), "recipe": RECIPE,
         "simulated": "all_reduce_perf (lab/sim/all_reduce_perf.py)",
         "source": "apt-get download on this machine (Debian's archive)",
     }, indent=2) + "\n")
+    record.replace(path.with_suffix(".json"))
     return archive
 
 
