@@ -91,6 +91,7 @@ class PoolRun:
     uid: str = ""
     created: str = ""
     refused: str = ""
+    deleted: bool = False  # by someone else while the run waited
     workload: dict[str, Any] | None = None
     job: dict[str, Any] | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
@@ -100,7 +101,7 @@ class PoolRun:
 
     @property
     def finished(self) -> bool:
-        return bool(self.refused) or any(
+        return bool(self.refused) or self.deleted or any(
             _condition(self.job, kind).get("status") == "True" for kind in ("Complete", "Failed"))
 
 
@@ -279,7 +280,15 @@ class Acceptance:
 
     def _refresh(self, run: PoolRun) -> None:
         ns = run.team.namespace
-        run.job = self.api.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/{run.name}")
+        try:
+            run.job = self.api.request("GET",
+                                       f"/apis/batch/v1/namespaces/{ns}/jobs/{run.name}")
+        except NotFound:
+            run.deleted = True
+            return
+        if (run.job.get("metadata") or {}).get("deletionTimestamp"):
+            run.deleted = True  # being deleted: nothing of it will run
+            return
         if _admitted(run.workload):
             return
         listing = self.api.request("GET", WORKLOADS.format(ns=ns))
@@ -364,7 +373,13 @@ class Acceptance:
         else:
             out.append(row("acceptance.queue", Verdict(
                 "queue_wait_s", Status.FAIL, "acceptance.not_admitted",
-                f"{where}: not admitted: {_pending_reason(run)}")))
+                f"{where}: not admitted: {_pending_reason(run)}"
+                + ("; the Job was deleted while the run waited for it" if run.deleted else ""))))
+            return out
+        if run.deleted:
+            out.append(row("acceptance.job", Verdict(
+                "duration_s", Status.FAIL, "acceptance.job_deleted",
+                f"{where}: the Job was deleted while the run waited for it")))
             return out
         if not ran:
             out.append(row("acceptance.job", Verdict(

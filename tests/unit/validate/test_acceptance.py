@@ -7,9 +7,11 @@ real ``dd`` and ``sha256sum``; ``all_reduce_perf`` there replays a real capture
 the same script in a Pod, through Kueue, on its busybox image (tests/lab/test_cluster.py).
 
 Against a real API server with the pinned Kueue CRDs and no Kueue controller (none runs in the
-unit tier), the Job is submitted suspended and never admitted: the run says Kueue made no
-Workload, fails the pool under ``pool:<name>`` and writes its report beside ``latest`` without
-moving it. An API server that is not there stops the run with exit 3 and leaves no run behind.
+unit tier): without Kueue's Workload CRD nothing is submitted; with it (the release's own file,
+from the source `make setup` builds Kueue from), the Job is submitted suspended and never
+admitted: the run says Kueue made no Workload, fails the pool under ``pool:<name>`` and writes
+its report beside ``latest`` without moving it; a Job deleted while the run waits is named.
+An API server that is not there stops the run with exit 3 and leaves no run behind.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -176,3 +181,59 @@ def test_an_api_server_that_is_not_there_stops_the_run_and_leaves_nothing(
     assert code == ExitCode.UNREACHABLE, (out, err)
     assert f"cannot reach the Kubernetes API at https://127.0.0.1:{port}" in err
     assert list(reports.iterdir()) == []
+
+
+def test_without_kueue_s_manager_the_job_waits_and_a_deleted_job_is_named(
+        server: LocalApiServer, tmp_path: Path) -> None:
+    from kubernetes import client  # noqa: PLC0415
+
+    from lab.kueue import build as kueue_build  # noqa: PLC0415
+
+    crd = (kueue_build.source_dir() / "config/components/crd/bases"
+           / "kueue.x-k8s.io_workloads.yaml")
+    if not crd.is_file():
+        pytest.skip(f"Kueue's source is not here ({crd}): `make setup` builds Kueue from it")
+    api_client = core_api(server).api_client
+    ext = client.ApiextensionsV1Api(api_client)
+    ext.create_custom_resource_definition(yaml.safe_load(crd.read_text()))
+    inv = lab_copy(tmp_path, "cluster")
+    assert run_cli("cluster", "apply", "-i", str(inv), "--kubeconfig",
+                   str(server.kubeconfig))[0] == ExitCode.OK
+    reports = tmp_path / "reports"
+    deadline = time.monotonic() + 30
+    while True:  # the new CRD served (its storage answers 429 for a moment)
+        code, out, err = run_cli("acceptance", "-i", str(inv), "--kubeconfig",
+                                 str(server.kubeconfig), "--timeout", "2", "--out",
+                                 str(reports), "--run-id", f"acc-{int(time.monotonic())}")
+        if ("Kueue is not installed" not in err and "429" not in err) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert code == ExitCode.CHECK_FAILED, (out, err)
+    assert "not admitted: Kueue made no Workload for the Job" in out
+    batch = client.BatchV1Api(api_client)
+
+    def delete_when_submitted() -> None:
+        for _ in range(200):
+            jobs = batch.list_namespaced_job(
+                "research", label_selector="gpuready.io/acceptance-run=acc-deleted").items
+            if jobs:
+                # The API's default for a Job orphans its Pods: the Job keeps a finalizer
+                # for the garbage collector (not running here) and is "being deleted".
+                batch.delete_namespaced_job(jobs[0].metadata.name, "research")
+                return
+            time.sleep(0.1)
+
+    deleter = threading.Thread(target=delete_when_submitted)
+    deleter.start()
+    started = time.monotonic()
+    code, out, err = run_cli("acceptance", "-i", str(inv), "--kubeconfig",
+                             str(server.kubeconfig), "--timeout", "60", "--out", str(reports),
+                             "--run-id", "acc-deleted")
+    deleter.join()
+    assert time.monotonic() - started < 30, "the run waited for a Job that was gone"
+    assert code == ExitCode.CHECK_FAILED, (out, err)
+    rows = pd.read_parquet(reports / "acc-deleted" / "results.parquet")
+    assert rows[["node", "check", "code"]].values.tolist() == [
+        ["pool:pool-h100-sxm", "acceptance.queue", "acceptance.not_admitted"]]
+    assert "the Job was deleted while the run waited for it" in rows.iloc[0]["detail"]
