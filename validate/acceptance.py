@@ -60,7 +60,8 @@ from validate.cluster.render import (
     acceptance_job,
     acceptance_team,
 )
-from validate.cluster.spec import ClusterSpec, PoolSpec, TeamSpec
+from validate.cluster.spec import COST_BASELINE, ClusterSpec, PoolSpec, TeamSpec
+from validate.cost import PoolCapacity
 from validate.inventory import Node, profile_for
 from validate.model import CheckResult, Status
 from validate.parsers import ParseError, nccl
@@ -71,7 +72,7 @@ LATEST = "latest-acceptance"
 POLL_S = 1.0
 NOT_RUN_PREFIX = "pool:"
 CHECKS = ("acceptance.queue", "acceptance.placement", "acceptance.job", "acceptance.gpus",
-          "acceptance.nccl", "acceptance.checkpoint")
+          "acceptance.nccl", "acceptance.checkpoint", "acceptance.cost")
 WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads"
 # dd's summary: GNU `... copied, 0.1 s, 340 MB/s`, busybox `... copied, 0.1 seconds, 325MB/s`.
 _DD = re.compile(r"^(\d+) bytes .*copied, ([0-9.]+) s(?:econds)?", re.MULTILINE)
@@ -213,6 +214,9 @@ class Acceptance:
         self.spec, self.api, self.run_id, self.out, self.clock = spec, api, run_id, out, clock
         self.checkpoint_mib = checkpoint_mib
         self.by_pool = {n.pool: n for n in nodes}
+        # The cost view of the validation run the gate judged (set_capacity); None: none.
+        self.capacity: Mapping[str, PoolCapacity] | None = None
+        self.capacity_note = "no validation run was given"
         self.skipped: list[str] = []
         self.runs: list[PoolRun] = []
         # The run's id in each Job's name (a Job name is a DNS label: 63 characters at most).
@@ -346,7 +350,15 @@ class Acceptance:
                                       f"{event.get('reason')}: {event.get('message')}")
 
     def rows(self) -> list[CheckResult]:
-        return [row for run in self.runs for row in self._rows(run)]
+        out = []
+        for run in self.runs:
+            mine = self._rows(run)
+            first = mine[0]
+            v = cost_verdict(run.pool, self.capacity, self.capacity_note)
+            out += [*mine, dataclasses.replace(
+                first, check="acceptance.cost", metric=v.metric, value=v.value, unit=v.unit,
+                warn=v.warn, fail=v.fail, status=v.status, code=v.code, detail=v.detail)]
+        return out
 
     def _rows(self, run: PoolRun) -> list[CheckResult]:
         ran = [p for p in run.pods if p.get("spec", {}).get("nodeName")]
@@ -422,7 +434,11 @@ class Acceptance:
         lines = ["# HELP gpuready_acceptance_passed 1 when every acceptance row of the pool "
                  "passed", "# TYPE gpuready_acceptance_passed gauge",
                  "# HELP gpuready_acceptance_queue_wait_seconds Job created to admitted by "
-                 "Kueue", "# TYPE gpuready_acceptance_queue_wait_seconds gauge"]
+                 "Kueue", "# TYPE gpuready_acceptance_queue_wait_seconds gauge",
+                 "# HELP gpuready_acceptance_cost_per_gpu_hour effective cost per accepted "
+                 "GPU-hour (validate.cost)", "# TYPE gpuready_acceptance_cost_per_gpu_hour gauge",
+                 "# HELP gpuready_acceptance_cost_baseline_per_gpu_hour the pool's declared "
+                 "baseline", "# TYPE gpuready_acceptance_cost_baseline_per_gpu_hour gauge"]
         rows = self.rows()
         for run in self.runs:
             mine = [r for r in rows if r.pool == run.pool.group]
@@ -434,7 +450,44 @@ class Acceptance:
                          and r.value is not None), None)
             if wait is not None:
                 lines.append(f"gpuready_acceptance_queue_wait_seconds{{{labels}}} {wait:g}")
+            cost = next((r for r in mine if r.check == "acceptance.cost"
+                         and r.value is not None), None)
+            if cost is not None and cost.warn is not None:
+                lines.append(f"gpuready_acceptance_cost_per_gpu_hour{{{labels}}} {cost.value:g}")
+                lines.append(f"gpuready_acceptance_cost_baseline_per_gpu_hour{{{labels}}} "
+                             f"{cost.warn:g}")
         return "\n".join(lines) + "\n"
+
+
+def cost_verdict(pool: PoolSpec, capacity: Mapping[str, PoolCapacity] | None,
+                 note: str) -> Verdict:
+    """The pool's effective cost per accepted GPU-hour (validate.cost's view of the validation
+    run) against its declared baseline: above it is a warning (a finding, not a broken
+    cluster); what cannot be compared is a skip saying why."""
+    metric = "cost_per_gpu_hour"
+    baseline = pool.cost_baseline
+    if baseline is None:
+        return Verdict(metric, Status.SKIP, "acceptance.no_cost_baseline",
+                       f"no {COST_BASELINE} for pool {pool.group}")
+    if capacity is None:
+        return Verdict(metric, Status.SKIP, "acceptance.no_cost_view", note)
+    view = capacity.get(pool.group)
+    if view is None:
+        return Verdict(metric, Status.SKIP, "acceptance.no_cost_view",
+                       f"{note}: it has no rows of pool {pool.group}")
+    effective = view.cost_per_accepted_gpu_hour
+    if effective is None:
+        why = "; ".join([*(f"missing {m}" for m in view.missing), *view.errors, *view.notes])
+        return Verdict(metric, Status.SKIP, "acceptance.no_cost_view",
+                       f"{note}: no effective cost for pool {pool.group} ({why or '?'})")
+    above = effective > baseline.per_gpu_hour
+    return Verdict(
+        metric, Status.WARN if above else Status.PASS,
+        "acceptance.cost_above_baseline" if above else "ok",
+        f"{effective:.2f} {view.currency} per accepted GPU-hour ({view.gpus_accepted} of "
+        f"{view.gpus_declared} GPUs accepted; {note}) against {baseline.per_gpu_hour:.2f} "
+        f"({baseline.source})", round(effective, 4), f"{view.currency}/GPU-h",
+        baseline.per_gpu_hour, None)
 
 
 def _admitted(workload: Mapping[str, Any] | None) -> bool:

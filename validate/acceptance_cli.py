@@ -37,6 +37,10 @@ def add_parsers(sub: Any, default_out: Path) -> list[argparse.ArgumentParser]:
     ac.add_argument("--kubeconfig", type=argtypes.path,
                     help="default: the inventory's gpuready_kubeconfig, then KUBECONFIG")
     ac.add_argument("--out", type=Path, default=default_out, help="reports root")
+    ac.add_argument("--validation-run", type=Path,
+                    help="the validation run whose cost view the acceptance compares with each "
+                         "pool's gpuready_cluster_cost_baseline (default: <out>/latest, the "
+                         "gate's)")
     ac.add_argument("--run-id")
     ac.set_defaults(handler=cmd_acceptance)
     return [ac]
@@ -85,6 +89,8 @@ def cmd_acceptance(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
                              limit=",".join(args.pool) or None,
                              checks_requested="acceptance", checks=list(CHECKS),
                              nodes=nodes, run_kind=ACCEPTANCE)
+        run.capacity, run.capacity_note = _cost_view(args.validation_run
+                                                     or args.out / "latest")
         run.preflight()
         run.submit()
         if not run.wait(args.timeout):
@@ -119,3 +125,26 @@ def _discard(partial: Path) -> None:
     stdout, stay on the cluster)."""
     with contextlib.suppress(OSError):
         partial.rmdir()
+
+
+def _cost_view(run_dir: Path) -> tuple[Any, str]:
+    """validate.cost's view of the validation run in ``run_dir`` by pool, and how to name the
+    run; None and why when there is none to read."""
+    from validate import cost, runinfo  # noqa: PLC0415
+    from validate.errors import InputError  # noqa: PLC0415
+    from validate.results import load_results  # noqa: PLC0415
+
+    if not (run_dir / "results.parquet").is_file():
+        return None, f"no validation run at {run_dir}"
+    resolved = run_dir.resolve()
+    kind = runinfo.run_kind(resolved)
+    if kind != "validation":
+        return None, f"{run_dir} is a {kind} run, not a validation run"
+    try:
+        df = load_results(resolved)
+        info = runinfo.read_run_info(resolved)
+        pools = cost.for_run(df, cost.read_inputs(resolved), resolved.parent, resolved,
+                             info.profiles if info else ())
+    except (InputError, OSError, ValueError) as exc:
+        return None, f"the validation run {resolved.name} could not be read: {exc}"
+    return {p.pool: p for p in pools}, f"validation run {resolved.name}"

@@ -704,7 +704,8 @@ def test_validate_acceptance_runs_through_kueue_on_the_admitted_node(
     out, err = io.StringIO(), io.StringIO()
     with cluster_layer.host_network_allowed(cluster.paths, [TEAM]):
         rc = cli.main(["acceptance", "-i", str(cluster.paths.inventory_dir), "--timeout", "240",
-                       "--checkpoint-mib", "16", "--out", str(reports), "--run-id", "lab-acc"],
+                       "--checkpoint-mib", "16", "--out", str(reports), "--run-id", "lab-acc",
+                       "--validation-run", str(REPO_ROOT / "reports" / "latest")],
                       stdout=out, stderr=err)
     text = out.getvalue() + err.getvalue()
     if rc != ExitCode.OK:
@@ -715,10 +716,17 @@ def test_validate_acceptance_runs_through_kueue_on_the_admitted_node(
     assert "admitted by Kueue (ClusterQueue research, flavor pool-h100-sxm)" in text, text
     rows = pd.read_parquet(reports / "lab-acc" / "results.parquet")
     assert set(rows["node"]) == {"node1"}, rows
-    assert set(rows["status"]) == {"pass"}, rows[["check", "metric", "status", "detail"]]
+    judged = rows[rows["check"] != "acceptance.cost"]
+    assert set(judged["status"]) == {"pass"}, judged[["check", "metric", "status", "detail"]]
+    # The cost per accepted GPU-hour of the gate's validation run against the lab's declared
+    # baseline: node2 out doubles it, a warning (exit 0).
+    cost = rows[rows["check"] == "acceptance.cost"].iloc[0]
+    assert cost["status"] in ("pass", "warn") and cost["value"] > 0, cost["detail"]
+    assert "USD per accepted GPU-hour" in cost["detail"], cost["detail"]
     assert sorted(zip(rows["check"], rows["metric"], strict=True)) == [
         ("acceptance.checkpoint", "read_mbps"), ("acceptance.checkpoint", "verified"),
-        ("acceptance.checkpoint", "write_mbps"), ("acceptance.gpus", "gpus"),
+        ("acceptance.checkpoint", "write_mbps"), ("acceptance.cost", "cost_per_gpu_hour"),
+        ("acceptance.gpus", "gpus"),
         ("acceptance.job", "duration_s"), ("acceptance.nccl", "busbw_gbps"),
         ("acceptance.nccl", "wrong_results"), ("acceptance.placement", "validated"),
         ("acceptance.queue", "queue_wait_s")]
@@ -766,7 +774,8 @@ def test_validate_acceptance_shows_why_a_team_over_its_quota_waits(
     assert rc == ExitCode.CHECK_FAILED, text
     rows = pd.read_parquet(reports / "lab-over" / "results.parquet")
     assert rows[["node", "check", "status", "code"]].values.tolist() == [
-        ["pool:pool-h100-sxm", "acceptance.queue", "fail", "acceptance.not_admitted"]], text
+        ["pool:pool-h100-sxm", "acceptance.queue", "fail", "acceptance.not_admitted"],
+        ["pool:pool-h100-sxm", "acceptance.cost", "skip", "acceptance.no_cost_view"]], text
     detail = rows.iloc[0]["detail"]
     assert "not admitted: QuotaReserved=False" in detail, detail
     assert "insufficient unused quota for nvidia.com/gpu in flavor pool-h100-sxm" in detail, \

@@ -12,6 +12,9 @@ nodes, ``gpu_pool`` and SKU profile); this module adds the cluster's variables:
                                                   ``value``, ``effect``): Kueue's flavor tolerates
 ``gpuready_cluster_topology_labels`` (pool)       node labels of the physical topology, widest
                                                   first (block, rack): Kueue's Topology levels
+``gpuready_cluster_cost_baseline`` (pool)         what an accepted GPU-hour is compared with by
+                                                  ``validate acceptance``: ``{per_gpu_hour: N,
+                                                  source: TEXT}`` (a rental or API price)
 ``gpuready_cluster_operator_namespace`` (all)     where the GPU Operator runs (``gpu-operator``)
 ``gpuready_cluster_acceptance_image`` (all)       the acceptance Job's image (nccl-tests inside)
 ``gpuready_cluster_acceptance_host_network`` (all) the acceptance Pods use the host's network
@@ -54,12 +57,13 @@ TEAMS = "gpuready_cluster_teams"
 REPLICAS = "gpuready_cluster_time_slicing_replicas"
 TAINTS = "gpuready_cluster_pool_taints"
 TOPOLOGY = "gpuready_cluster_topology_labels"
+COST_BASELINE = "gpuready_cluster_cost_baseline"
 OPERATOR_NAMESPACE = "gpuready_cluster_operator_namespace"
 ACCEPTANCE_IMAGE = "gpuready_cluster_acceptance_image"
 ACCEPTANCE_HOST_NETWORK = "gpuready_cluster_acceptance_host_network"
 ACCEPTANCE_PULL_POLICY = "gpuready_cluster_acceptance_pull_policy"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-POOL_VARS = (REPLICAS, TAINTS, TOPOLOGY)
+POOL_VARS = (REPLICAS, TAINTS, TOPOLOGY, COST_BASELINE)
 GLOBAL_VARS = (TEAMS, OPERATOR_NAMESPACE, ACCEPTANCE_IMAGE, ACCEPTANCE_HOST_NETWORK,
                ACCEPTANCE_PULL_POLICY)
 
@@ -115,6 +119,12 @@ class Taint:
 
 
 @dataclass(frozen=True, slots=True)
+class CostBaseline:
+    per_gpu_hour: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSpec:
     """One pool: its inventory group, its Nodes (Kubernetes names), GPUs per node (the SKU
     profile's), ``gpu_pool``, sharing, taints and physical topology labels."""
@@ -128,6 +138,9 @@ class PoolSpec:
     topology_labels: tuple[str, ...] = ()
     # MIG devices per node (single strategy: what nvidia.com/gpu counts on a node).
     mig_devices_per_node: int = 0
+    # What an accepted GPU-hour is compared with (validate acceptance), in the pool's cost
+    # currency (validate.cost's gpuready_cost), and where the figure comes from.
+    cost_baseline: CostBaseline | None = None
 
     @property
     def name(self) -> str:
@@ -364,6 +377,7 @@ def _pool(group: str, members: list[Node], values: Mapping[str, Any], problems: 
     if sharing.mig_strategy == "single" and layout is not None:
         count = profile_for(first).hardware.gpu_count
         mig_devices = sum(len(layout.for_gpu(i) or ()) for i in range(count))
+    baseline = _cost_baseline(values.get(COST_BASELINE), problems, where(COST_BASELINE))
     name = group.lower().replace("_", "-")
     if not _DNS_LABEL.match(name):
         problems.add(desired.POOL, f"group {group}", f"pool group {group!r} does not make a "
@@ -373,7 +387,22 @@ def _pool(group: str, members: list[Node], values: Mapping[str, Any], problems: 
         nodes=tuple(sorted(n.desired.gate.node_name or n.name for n in members)),
         gpus_per_node=profile_for(first).hardware.gpu_count,
         gpu_pool=gpu_pool, sharing=sharing, taints=taints, topology_labels=tuple(labels),
-        mig_devices_per_node=mig_devices)
+        mig_devices_per_node=mig_devices, cost_baseline=baseline)
+
+
+def _cost_baseline(value: Any, problems: _Problems, where: str) -> CostBaseline | None:
+    if value is None:
+        return None
+    amount = value.get("per_gpu_hour") if isinstance(value, Mapping) else None
+    source = value.get("source") if isinstance(value, Mapping) else None
+    if (not isinstance(value, Mapping) or set(value) != {"per_gpu_hour", "source"}
+            or isinstance(amount, bool) or not isinstance(amount, int | float)
+            or not 0 < amount < float("inf") or not isinstance(source, str)
+            or not source.strip()):
+        problems.add(COST_BASELINE, where, f"is {value!r}, not {{per_gpu_hour: N > 0, source: "
+                     "TEXT}} (a rental or API price per GPU-hour, in the pool's cost currency)")
+        return None
+    return CostBaseline(float(amount), source.strip())
 
 
 def _group_all_file(source: Path) -> str:

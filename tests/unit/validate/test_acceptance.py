@@ -16,6 +16,7 @@ An API server that is not there stops the run with exit 3 and leaves no run behi
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import shutil
@@ -36,6 +37,8 @@ from tests.unit.validate.test_cluster_apply import CONTROLLERS, install_crds
 from validate import acceptance, cli
 from validate.checks.base import Verdict
 from validate.cluster.render import ACCEPTANCE_SCRIPT
+from validate.cluster.spec import CostBaseline, load_spec
+from validate.cost import PoolCapacity
 from validate.model import ExitCode, Status
 from validate.profiles import Band
 
@@ -235,5 +238,37 @@ def test_without_kueue_s_manager_the_job_waits_and_a_deleted_job_is_named(
     assert code == ExitCode.CHECK_FAILED, (out, err)
     rows = pd.read_parquet(reports / "acc-deleted" / "results.parquet")
     assert rows[["node", "check", "code"]].values.tolist() == [
-        ["pool:pool-h100-sxm", "acceptance.queue", "acceptance.not_admitted"]]
+        ["pool:pool-h100-sxm", "acceptance.queue", "acceptance.not_admitted"],
+        ["pool:pool-h100-sxm", "acceptance.cost", "acceptance.no_cost_view"]]
     assert "the Job was deleted while the run waited for it" in rows.iloc[0]["detail"]
+    assert rows.iloc[1]["detail"] == f"no validation run at {reports / 'latest'}"
+
+
+def _view(effective: float | None, **changes: object) -> PoolCapacity:
+    base = PoolCapacity("pool_h100_sxm", 2, 16, 8, 8, (), 0.0, "USD", 59.45, effective,
+                        (), (), ())
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_cost_is_compared_with_the_pool_s_baseline(tmp_path: Path) -> None:
+    spec = load_spec(lab_copy(tmp_path, "cluster"))
+    pool = spec.pool("pool_h100_sxm")
+    assert pool.cost_baseline == CostBaseline(3.0, "illustrative on-demand H100 rental price "
+                                                   "(not a quote)")
+    # Half the pool out doubles what an accepted GPU-hour costs: above the baseline, a warning.
+    above = acceptance.cost_verdict(pool, {pool.group: _view(7.43)}, "validation run r1")
+    assert (above.status, above.code, above.value, above.warn) == (
+        Status.WARN, "acceptance.cost_above_baseline", 7.43, 3.0)
+    assert "7.43 USD per accepted GPU-hour (8 of 16 GPUs accepted; validation run r1) " \
+           "against 3.00 (illustrative" in above.detail
+    below = acceptance.cost_verdict(pool, {pool.group: _view(2.9)}, "validation run r1")
+    assert (below.status, below.unit) == (Status.PASS, "USD/GPU-h")
+    # What cannot be compared says why, and judges nothing.
+    missing = acceptance.cost_verdict(
+        pool, {pool.group: _view(None, missing=("network",))}, "validation run r1")
+    assert (missing.status, missing.value) == (Status.SKIP, None)
+    assert "no effective cost for pool pool_h100_sxm (missing network)" in missing.detail
+    none = acceptance.cost_verdict(pool, None, "no validation run at reports/latest")
+    assert (none.status, none.detail) == (Status.SKIP, "no validation run at reports/latest")
+    bare = dataclasses.replace(pool, cost_baseline=None)
+    assert acceptance.cost_verdict(bare, None, "").code == "acceptance.no_cost_baseline"

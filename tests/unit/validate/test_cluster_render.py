@@ -292,3 +292,20 @@ def test_a_node_name_that_is_no_kubernetes_name_is_refused_where_it_was_set(
     assert ("node_join_node_name (set in host Staging_A100_01) is not set, and the host's "
             "inventory name 'Staging_A100_01' (the Node's name then) is not a Kubernetes "
             "Node name") in err, err
+
+
+def test_a_bad_cost_baseline_and_bad_acceptance_settings_are_named(tmp_path: Path) -> None:
+    code, err, path = _bad(tmp_path, "pool_h100_sxm/pool.yml", lambda d: d.update(
+        gpuready_cluster_cost_baseline={"per_gpu_hour": "cheap", "source": "rental"}))
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    assert (f"gpuready_cluster_cost_baseline (set in group pool_h100_sxm ({path})) is "
+            "{'per_gpu_hour': 'cheap', 'source': 'rental'}, not {per_gpu_hour: N > 0, source: "
+            "TEXT}") in err
+    code, err, path = _bad(tmp_path / "b", "all/cluster.yml", lambda d: d.update(
+        gpuready_cluster_acceptance_pull_policy="Sometimes",
+        gpuready_cluster_acceptance_host_network="yes"))
+    assert code == ExitCode.USAGE_OR_TOOL_ERROR
+    assert (f"gpuready_cluster_acceptance_pull_policy (set in group all ({path})) is "
+            "'Sometimes', not one of Always, IfNotPresent, Never") in err
+    assert "gpuready_cluster_acceptance_host_network (set in group all" in err
+    assert "is 'yes', not true or false" in err
