@@ -214,7 +214,8 @@ class Acceptance:
         self.spec, self.api, self.run_id, self.out, self.clock = spec, api, run_id, out, clock
         self.checkpoint_mib = checkpoint_mib
         self.by_pool = {n.pool: n for n in nodes}
-        # The cost view of the validation run the gate judged (set_capacity); None: none.
+        # The cost view of the validation run the gate judged, by pool (the CLI sets it from
+        # --validation-run), and how to name that run; None: no view, the note says why.
         self.capacity: Mapping[str, PoolCapacity] | None = None
         self.capacity_note = "no validation run was given"
         self.skipped: list[str] = []
