@@ -149,27 +149,23 @@ class ClusterApi:
                              kind.api_version))
 
     def text(self, path: str, query: Sequence[tuple[str, str]] = ()) -> str:
-        """A GET whose answer is text, not JSON (a Pod's log)."""
-        deadline = time.monotonic() + BUSY_RETRY_S
-        while True:
-            try:
-                data = self._request("GET", path, query, None, "", decode=False)
-            except Busy as exc:
-                if time.monotonic() + exc.retry_after_s > deadline:
-                    raise ApplyError(str(exc)) from None
-                time.sleep(exc.retry_after_s)
-                continue
-            return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        """A GET whose answer is text, not JSON (a Pod's log); 429s retried as by request."""
+        data = self._retrying("GET", path, query, None, "", decode=False)
+        return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
 
     def request(self, method: str, path: str, query: Sequence[tuple[str, str]] = (),
                 body: Any = None, content_type: str = "application/json") -> Any:
         """One request; a 429 (the server busy, or a CRD's storage still initialising just
         after it was installed) is retried after the server's Retry-After, for up to
         :data:`BUSY_RETRY_S` seconds."""
+        return self._retrying(method, path, query, body, content_type)
+
+    def _retrying(self, method: str, path: str, query: Sequence[tuple[str, str]], body: Any,
+                  content_type: str, *, decode: bool = True) -> Any:
         deadline = time.monotonic() + BUSY_RETRY_S
         while True:
             try:
-                return self._request(method, path, query, body, content_type)
+                return self._request(method, path, query, body, content_type, decode=decode)
             except Busy as exc:
                 if time.monotonic() + exc.retry_after_s > deadline:
                     raise ApplyError(str(exc)) from None

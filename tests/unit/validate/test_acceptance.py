@@ -17,7 +17,6 @@ An API server that is not there stops the run with exit 3 and leaves no run behi
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import shutil
 import socket
@@ -33,8 +32,8 @@ import yaml
 
 from tests.kube_helpers import LocalApiServer, core_api, running_apiserver
 from tests.unit.validate.cluster_inventories import REPO, lab_copy
-from tests.unit.validate.test_cluster_apply import CONTROLLERS, install_crds
-from validate import acceptance, cli
+from tests.unit.validate.test_cluster_apply import CONTROLLERS, install_crds, run_cli
+from validate import acceptance
 from validate.checks.base import Verdict
 from validate.cluster.render import ACCEPTANCE_SCRIPT
 from validate.cluster.spec import CostBaseline, load_spec
@@ -137,12 +136,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApiServer]
         install_crds(found.kubeconfig)
         core_api(found).create_namespace({"metadata": {"name": "gpu-operator"}})
         yield found
-
-
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), stdout=out, stderr=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_a_cluster_without_kueue_gets_nothing_submitted(server: LocalApiServer,
