@@ -85,7 +85,11 @@ def cmd_acceptance(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
             return ExitCode.USAGE_OR_TOOL_ERROR
         stdout.write(f"acceptance run {pending.run_id} on {api.server}: "
                      f"{len(run.runs)} pool(s), waiting up to {args.timeout:g} s\n")
-        info = runinfo.start(run_id=pending.run_id, environment=None, inventory=args.inventory,
+        # The inventory's environment label heads every page (the lab's says SIMULATED).
+        environment = "; ".join(sorted({n.desired.environment for n in nodes
+                                        if n.desired.environment})) or None
+        info = runinfo.start(run_id=pending.run_id, environment=environment,
+                             inventory=args.inventory,
                              limit=",".join(args.pool) or None,
                              checks_requested="acceptance", checks=list(CHECKS),
                              nodes=nodes, run_kind=ACCEPTANCE)

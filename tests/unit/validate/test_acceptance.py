@@ -234,6 +234,8 @@ def test_without_kueue_s_manager_the_job_waits_and_a_deleted_job_is_named(
         ["pool:pool-h100-sxm", "acceptance.queue", "acceptance.not_admitted"],
         ["pool:pool-h100-sxm", "acceptance.cost", "acceptance.no_cost_view"]]
     assert "the Job was deleted while the run waited for it" in rows.iloc[0]["detail"]
+    summary = (reports / "acc-deleted" / "summary.md").read_text()
+    assert "gpuready lab: SIMULATED GPUs" in summary
     assert rows.iloc[1]["detail"] == f"no validation run at {reports / 'latest'}"
 
 
